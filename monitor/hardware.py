@@ -1,0 +1,99 @@
+"""Hardware catalog: dense peak FLOP/s per dtype and HBM bandwidth, with sources.
+
+Peaks are *dense* figures; vendor sheets often print the 2:4-sparsity number,
+which is twice as large and would halve every MFU we report. The catalog is data:
+deployments extend or override it from config (`hardware` table), never in code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+TERA = 1e12
+
+
+class HardwareSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Peak dense throughput per dtype (FLOP/s), HBM bandwidth (bytes/s) and where they come from."""
+
+    peak_flops: dict[str, float]
+    hbm_bytes_per_s: float
+    source: str
+    # Boost clock the peaks assume; lets clock-throttling be read as a share of peak.
+    max_clock_mhz: float | None = None
+
+    def peak(self, dtype: str | None) -> float | None:
+        """Dense peak FLOP/s for `dtype` (bf16 when unset), or None when the dtype is unknown."""
+        return self.peak_flops.get((dtype or "bf16").lower())
+
+
+def _tf(**per_dtype: float) -> dict[str, float]:
+    return {k: v * TERA for k, v in per_dtype.items()}
+
+
+DEFAULT_CATALOG: dict[str, HardwareSpec] = {
+    "a100-sxm": HardwareSpec(
+        peak_flops=_tf(bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
+        hbm_bytes_per_s=2.039e12,
+        max_clock_mhz=1410.0,
+        source="NVIDIA A100 datasheet (80 GB SXM), dense; via astroC86/gpu-datasheet README",
+    ),
+    "h100-sxm": HardwareSpec(
+        peak_flops=_tf(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
+        hbm_bytes_per_s=3.35e12,
+        max_clock_mhz=1980.0,
+        source="NVIDIA H100 SXM datasheet, dense (1,979 BF16 is with sparsity); "
+        "glennklockwood.com/garden/processors/h100",
+    ),
+    "h200": HardwareSpec(
+        peak_flops=_tf(bf16=989.4, fp16=989.4, fp8=1978.9, tf32=494.7, fp32=66.9),
+        hbm_bytes_per_s=4.8e12,
+        max_clock_mhz=1980.0,
+        source="NVIDIA H200 SXM (same SMs as H100 SXM, 4.8 TB/s HBM3e); aiwiki.ai/wiki/nvidia_h200",
+    ),
+    "b200": HardwareSpec(
+        peak_flops=_tf(bf16=2250.0, fp16=2250.0, fp8=4500.0),
+        hbm_bytes_per_s=8.0e12,
+        source="NVIDIA HGX B200 1000 W, dense; glennklockwood.com/garden/processors/B200",
+    ),
+    "mi300x": HardwareSpec(
+        peak_flops=_tf(bf16=1307.4, fp16=1307.4, fp8=2614.9),
+        hbm_bytes_per_s=5.3e12,
+        source="AMD MI300X datasheet, dense; alpharomercoma/MI300X-vs-H200 METHODOLOGY.md",
+    ),
+    "tpu-v5e": HardwareSpec(
+        peak_flops=_tf(bf16=197.0, int8=394.0),
+        hbm_bytes_per_s=819e9,
+        source="Google Cloud TPU v5e docs (docs.cloud.google.com/tpu/docs/v5e)",
+    ),
+    "tpu-v5p": HardwareSpec(
+        peak_flops=_tf(bf16=459.0, int8=918.0),
+        hbm_bytes_per_s=2765e9,
+        source="Google Cloud TPU v5p docs (cloud.google.com/tpu/docs/v5p-training)",
+    ),
+}
+
+
+class Catalog:
+    """Lookup of hardware specs by `hw` key; extended or overridden from config."""
+
+    def __init__(self, extra: Mapping[str, HardwareSpec] | None = None) -> None:
+        self._specs: dict[str, HardwareSpec] = dict(DEFAULT_CATALOG)
+        if extra:
+            self._specs.update({k.lower(): v for k, v in extra.items()})
+
+    def get(self, hw: str | None) -> HardwareSpec | None:
+        """The spec for `hw`, or None when the key is unknown (MFU is then not computed)."""
+        if hw is None:
+            return None
+        return self._specs.get(hw.lower())
+
+    def peak_flops(self, hw: str | None, dtype: str | None) -> float | None:
+        """Dense peak FLOP/s for (hw, dtype), or None when either is unknown."""
+        spec = self.get(hw)
+        return None if spec is None else spec.peak(dtype)
+
+    def keys(self) -> list[str]:
+        """Known hardware keys, sorted."""
+        return sorted(self._specs)

@@ -1,0 +1,324 @@
+"""Wire types of contract v1 (window record, change event, alert) and their codecs.
+
+Decoding is the hot path: msgspec validates types and bounds in C while it
+parses, so a record is checked once and never re-walked in Python. Every
+rejection becomes a `DecodeError` whose reason names the field, e.g.
+``layers[2].busy_s: expected >= 0, got -1``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
+Unit = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Positive = Annotated[float, msgspec.Meta(gt=0.0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+LAYER_TYPES = (
+    "attention", "mlp", "embedding", "norm", "softmax", "moe_router",
+    "allreduce", "conv", "other", "all",
+)  # fmt: skip
+LayerType = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,32}$")]
+
+
+class Ingress(msgspec.Struct, frozen=True):
+    """Request-ingress counters for the window (stage `ingress`)."""
+
+    req_rate: NonNeg | None = None
+    queue_depth: NonNeg | None = None
+    queue_wait_ms: NonNeg | None = None
+    batch: NonNeg | None = None
+
+
+class DeviceStats(msgspec.Struct, frozen=True):
+    """Power, temperature and clock over the window (stage `execution`)."""
+
+    power_w: NonNeg | None = None
+    temp_c: Annotated[float, msgspec.Meta(ge=-273.15)] | None = None
+    clock_mhz: NonNeg | None = None
+
+
+class Slo(msgspec.Struct, frozen=True):
+    """Latency quantiles, quality and errors (stage `validation`)."""
+
+    lat_p50_ms: NonNeg | None = None
+    lat_p95_ms: NonNeg | None = None
+    lat_p99_ms: NonNeg | None = None
+    quality: float | None = None
+    errors: NonNeg | None = None
+
+
+class Layer(msgspec.Struct, frozen=True):
+    """Counters of one layer type within one window; a missing field means not measured."""
+
+    type: LayerType
+    flops: NonNeg | None = None
+    busy_s: NonNeg | None = None
+    cycles: NonNeg | None = None
+    stall_mem_cycles: NonNeg | None = None
+    occupancy: Unit | None = None
+    bytes_hbm: NonNeg | None = None
+    sram_hit: Unit | None = None
+    spill_bytes: NonNeg | None = None
+    sync_wait_s: NonNeg | None = None
+    kernel: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    fallback_frac: Unit | None = None
+
+
+class WindowRecord(msgspec.Struct, frozen=True):
+    """One device's measurement window (contract §1), keyed by `device`."""
+
+    v: Literal[1]
+    ts: Positive
+    window_s: Positive
+    device: Name
+    layers: list[Layer]
+    host: Name | None = None
+    pool: Name | None = None
+    model: Name | None = None
+    hw: Name | None = None
+    dtype: Name | None = None
+    ingress: Ingress | None = None
+    device_stats: DeviceStats | None = None
+    slo: Slo | None = None
+    source: str | None = None
+    flops_estimated: bool | None = None
+
+
+class ChangeScope(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Any subset of pool / host / device / model a change applies to."""
+
+    pool: str | None = None
+    host: str | None = None
+    device: str | None = None
+    model: str | None = None
+
+
+ChangeKind = Literal[
+    "kernel_lib", "compiler", "driver", "firmware", "model",
+    "scheduler_config", "traffic_policy", "other",
+]  # fmt: skip
+
+
+class ChangeEvent(msgspec.Struct, frozen=True, rename={"from_": "from"}):
+    """A deploy, config or software change a regression can be rolled back to (contract §2)."""
+
+    v: Literal[1]
+    ts: Positive
+    id: Name
+    kind: ChangeKind
+    scope: ChangeScope
+    from_: str | None = None
+    to: str | None = None
+    author: str | None = None
+    url: str | None = None
+
+
+Stage = Literal["ingress", "lowering", "scheduling", "execution", "validation", "release"]
+STAGES: tuple[Stage, ...] = (
+    "ingress", "lowering", "scheduling", "execution", "validation", "release",
+)  # fmt: skip
+
+
+class AlertScope(msgspec.Struct, frozen=True):
+    """Where an incident is: the widest fitting level and the devices it covers."""
+
+    level: Literal["device", "host", "pool", "fleet"]
+    device_count: int
+    pool: str | None = None
+    model: str | None = None
+    hosts: list[str] = msgspec.field(default_factory=list)
+    devices: list[str] = msgspec.field(default_factory=list)
+
+
+class Evidence(msgspec.Struct, frozen=True):
+    """One indicator that moved, so the attribution can be checked by a person."""
+
+    stage: Stage
+    indicator: str
+    layer: str | None
+    before: float
+    after: float
+    onset_ts: float
+    score: float
+
+
+class Suggestion(msgspec.Struct, frozen=True, rename={"from_": "from"}):
+    """The bounded, reversible change to make, and the guardrail that proves it worked."""
+
+    action: Literal["rollback", "mitigate", "investigate"]
+    guardrail: str
+    confidence: float
+    change_id: str | None = None
+    kind: str | None = None
+    from_: str | None = None
+    to: str | None = None
+    scope: ChangeScope | None = None
+
+
+class Alert(msgspec.Struct, frozen=True):
+    """An incident alert (contract §5), keyed by its deterministic `id`."""
+
+    v: Literal[1]
+    id: str
+    status: Literal["firing", "resolved"]
+    ts: float
+    onset_ts: float
+    detected_ts: float
+    severity: Literal["page", "ticket", "info"]
+    scope: AlertScope
+    layers: list[str]
+    metric: str
+    before: float
+    after: float
+    delta_pct: float
+    first_failing_stage: Stage
+    bottleneck: str
+    evidence: list[Evidence]
+    suggestion: Suggestion
+    summary: str
+    runbook: str
+
+
+class DecodeError(ValueError):
+    """A record that cannot be accepted; `reason` names the field and what was wrong."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_EXPECTED = re.compile(r"^Expected `(?P<type>[^`]+)`(?P<rest>.*)$")
+_PATH_PART = re.compile(r"\.(\w+)|\[(\d+)\]")
+_TYPE_WORDS = {
+    "float": "a number", "int": "an integer", "str": "a string", "bool": "a boolean",
+    "object": "an object", "array": "an array", "null": "null",
+}  # fmt: skip
+_MISSING = object()
+
+
+def _lookup(raw: Any, path: str) -> Any:
+    node = raw
+    for key, idx in _PATH_PART.findall(path):
+        try:
+            node = node[int(idx)] if idx else node[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return node
+
+
+def _type_words(t: str) -> str:
+    parts = [p.strip() for p in t.split("|") if p.strip() != "null"]
+    return " or ".join(_TYPE_WORDS.get(p, p) for p in parts) or "null"
+
+
+def _bound(rest: str) -> str:
+    rest = rest.split(", got")[0].strip()
+    rest = re.sub(r"(\d)\.0\b", r"\1", rest)
+    return rest.replace("of length", "of length").replace("matching regex", "matching")
+
+
+def _reason(exc: msgspec.ValidationError, data: bytes) -> str:
+    """Rewrite msgspec's message as ``path: expected X, got Y`` (slow path, rejections only)."""
+    msg = str(exc)
+    m = _PATH.search(msg)
+    path = m.group("path").lstrip(".") if m else ""
+    text = msg[: m.start()] if m else msg
+    if text.startswith("Object missing required field"):
+        field = text.split("`")[1]
+        return f"{path + '.' if path else ''}{field}: missing required field"
+    try:
+        got = _lookup(msgspec.json.decode(data), m.group("path") if m else "")
+    except msgspec.DecodeError:
+        got = _MISSING
+    where = path or "record"
+    shown = "" if got is _MISSING else f", got {_show(got)}"
+    if text.startswith("Number out of range"):
+        return f"{where}: expected a finite number, got a value out of range"
+    if text.startswith("Invalid enum value"):
+        return f"{where}: unsupported value{shown.replace(", got", "")}"
+    e = _EXPECTED.match(text)
+    if e:
+        t = _type_words(e.group("type"))
+        bound = _bound(e.group("rest"))
+        if bound.startswith(("of length", "matching")):
+            return f"{where}: expected {t} {bound}{shown}"
+        if bound:
+            return f"{where}: expected {bound}{shown}"
+        return f"{where}: expected {t}{shown}"
+    return f"{where}: {text[0].lower() + text[1:]}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value) if len(value) < 40 else repr(value[:37] + "...")
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        return str(int(value))
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return msgspec.json.encode(value).decode()
+
+
+class Codec:
+    """Reusable decoders/encoders; construct once, share across batches."""
+
+    def __init__(self) -> None:
+        self._window = msgspec.json.Decoder(WindowRecord)
+        self._change = msgspec.json.Decoder(ChangeEvent)
+        self._alert = msgspec.json.Decoder(Alert)
+        self._enc = msgspec.json.Encoder()
+
+    def _decode(self, dec: msgspec.json.Decoder[Any], data: bytes) -> Any:
+        try:
+            return dec.decode(data)
+        except msgspec.ValidationError as exc:
+            raise DecodeError(_reason(exc, data)) from None
+        except msgspec.DecodeError as exc:
+            detail = str(exc).removeprefix("JSON is malformed: ")
+            raise DecodeError(f"malformed JSON: {detail}") from None
+
+    def decode_window(self, data: bytes) -> WindowRecord:
+        """Decode and validate one window record; raises DecodeError with a field-named reason."""
+        rec: WindowRecord = self._decode(self._window, data)
+        for i, layer in enumerate(rec.layers):
+            if (
+                layer.stall_mem_cycles is not None
+                and layer.cycles is not None
+                and layer.stall_mem_cycles > layer.cycles * (1 + 1e-6)
+            ):
+                raise DecodeError(
+                    f"layers[{i}].stall_mem_cycles: expected <= cycles ({_show(layer.cycles)}), "
+                    f"got {_show(layer.stall_mem_cycles)}"
+                )
+        return rec
+
+    def decode_change(self, data: bytes) -> ChangeEvent:
+        """Decode and validate one change event."""
+        ev: ChangeEvent = self._decode(self._change, data)
+        return ev
+
+    def decode_alert(self, data: bytes) -> Alert:
+        """Decode and validate one alert record."""
+        alert: Alert = self._decode(self._alert, data)
+        return alert
+
+    def encode(self, obj: Any) -> bytes:
+        """Encode any wire struct (or plain JSON value) to compact JSON bytes."""
+        return self._enc.encode(obj)
+
+
+def json_schemas() -> dict[str, Any]:
+    """JSON Schema of each record type, keyed by record name."""
+    return {
+        "window_record": msgspec.json.schema(WindowRecord),
+        "change_event": msgspec.json.schema(ChangeEvent),
+        "alert": msgspec.json.schema(Alert),
+    }

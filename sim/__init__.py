@@ -1,0 +1,1 @@
+"""Vectorised accelerator-fleet simulator that emits contract window records."""
