@@ -242,7 +242,7 @@ def _reason(exc: msgspec.ValidationError, data: bytes) -> str:
     if text.startswith("Number out of range"):
         return f"{where}: expected a finite number, got a value out of range"
     if text.startswith("Invalid enum value"):
-        return f"{where}: unsupported value{shown.replace(", got", "")}"
+        return f"{where}: unsupported value {_show(got)}"
     e = _EXPECTED.match(text)
     if e:
         t = _type_words(e.group("type"))
