@@ -1,0 +1,202 @@
+"""One settings class: env (`FLOPWATCH_`, nested with `__`), optional TOML file, defaults.
+
+Precedence, highest first: constructor arguments (CLI flags), environment,
+the TOML file named by `--config`, defaults. Each component receives its own
+sub-model; nothing imports `Settings` to read globals.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Topics(_Frozen):
+    """Topic names (contract §4)."""
+
+    samples: str = "flopwatch.samples"
+    changes: str = "flopwatch.changes"
+    alerts: str = "flopwatch.alerts"
+    dlq: str = "flopwatch.dlq"
+    state: str = "flopwatch.state"
+
+
+class KafkaSettings(_Frozen):
+    """Connection and consumer settings; security fields pass straight to aiokafka."""
+
+    bootstrap_servers: str | None = Field(
+        default=None, description="host:port[,host:port]; unset = embedded broker for `up`"
+    )
+    group_id: str = "flopwatch"
+    client_id: str = "flopwatch"
+    topics: Topics = Topics()
+    partitions: int = Field(default=4, ge=1, description="partitions when flopwatch creates topics")
+    max_batch_records: int = Field(default=5000, ge=1)
+    poll_timeout_ms: int = Field(default=500, ge=1)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] = (
+        "PLAIN"
+    )
+    sasl_plain_username: str | None = None
+    sasl_plain_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_password: SecretStr | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments shared by aiokafka consumers, producers and admin clients."""
+        kw: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol.startswith("SASL"):
+            kw["sasl_mechanism"] = self.sasl_mechanism
+            kw["sasl_plain_username"] = self.sasl_plain_username
+            if self.sasl_plain_password is not None:
+                kw["sasl_plain_password"] = self.sasl_plain_password.get_secret_value()
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            from aiokafka.helpers import create_ssl_context  # noqa: PLC0415 - only with TLS
+
+            kw["ssl_context"] = create_ssl_context(
+                cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
+                certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
+                keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
+                password=self.ssl_password.get_secret_value() if self.ssl_password else None,
+            )
+        return kw
+
+
+class DetectorSettings(_Frozen):
+    """Change-point detector choice and parameters (robust-sigma units)."""
+
+    kind: str = Field(default="cusum", description="cusum | bank | adwin | page_hinkley | kswin")
+    burn_in: int = Field(default=20, ge=3, description="windows used for the robust baseline")
+    k: float = Field(default=1.0, ge=0, description="CUSUM allowance (half the smallest shift)")
+    h: float = Field(default=8.0, gt=0, description="CUSUM decision threshold")
+    clip: float = Field(default=4.0, gt=0, description="outlier clip, robust sigmas")
+    rel_floor: float = Field(default=0.01, ge=0, description="scale floor relative to level")
+    min_rel_change: float = Field(default=0.05, ge=0, description="smallest shift that alerts")
+    stream_ttl_s: float = Field(default=3600.0, gt=0, description="expire silent streams after")
+    params: dict[str, float] = Field(default_factory=dict, description="extra engine parameters")
+
+
+class AlertSettings(_Frozen):
+    """Incident grouping and alert lifecycle."""
+
+    group_window_s: float = Field(default=300.0, gt=0, description="onsets this close join")
+    pool_fraction: float = Field(default=0.5, gt=0, le=1, description="share for pool scope")
+    resolve_windows: int = Field(default=6, ge=1, description="healthy windows to resolve")
+    resolve_tolerance: float = Field(default=0.02, ge=0, description="relative, vs before")
+    page_loss: float = Field(default=0.10, ge=0, description="MFU loss x share for page")
+    max_devices_listed: int = Field(default=50, ge=1)
+    settle_windows: int = Field(default=1, ge=0, description="wait this long before first page")
+    update_growth: float = Field(default=0.2, ge=0, description="re-send when devices grow by")
+    change_lookback_s: float = Field(default=6 * 3600.0, gt=0)
+
+
+class AlertmanagerSettings(_Frozen):
+    """Prometheus Alertmanager sink (send to every instance, never through a balancer)."""
+
+    urls: list[str] = Field(default_factory=list)
+    timeout_s: float = 5.0
+
+
+class SinkSettings(_Frozen):
+    """Where alerts go."""
+
+    kafka: bool = True
+    console: bool = True
+    jsonl_path: Path | None = None
+    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+
+
+class HardwareEntry(_Frozen):
+    """A catalog entry added or overridden from config."""
+
+    peak_flops: dict[str, float]
+    hbm_bytes_per_s: float
+    source: str = "config"
+    max_clock_mhz: float | None = None
+
+
+class Settings(BaseSettings):
+    """The whole effective configuration of a flopwatch process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLOPWATCH_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        toml_file=None,
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    detector: DetectorSettings = DetectorSettings()
+    alerts: AlertSettings = AlertSettings()
+    sinks: SinkSettings = SinkSettings()
+    hardware: dict[str, HardwareEntry] = Field(default_factory=dict)
+    http_port: int = Field(default=9108, ge=0, le=65535, description="0 disables /metrics")
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags over env over TOML file over defaults."""
+        toml = TomlConfigSettingsSource(settings_cls, settings_cls.model_config.get("toml_file"))
+        return (init_settings, env_settings, toml)
+
+
+class ConfigError(ValueError):
+    """The configuration file or environment is unusable; the message is one line."""
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from an optional TOML file, the environment and explicit overrides."""
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError(f"config file not found: {config_file}")
+        try:
+            with config_file.open("rb") as f:
+                tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_file}: {exc}") from None
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(toml_file=config_file)
+
+    try:
+        return _FromFile(**overrides) if config_file else Settings(**overrides)
+    except ValueError as exc:  # pydantic ValidationError is a ValueError
+        first = str(exc).splitlines()
+        detail = "; ".join(line.strip() for line in first[1:3]) if len(first) > 1 else first[0]
+        raise ConfigError(f"invalid configuration: {detail}") from None
+
+
+def masked_dump(settings: Settings) -> dict[str, Any]:
+    """The effective configuration as JSON-able data, secrets shown as '**********'."""
+    data: dict[str, Any] = settings.model_dump(mode="json")
+    # SecretStr dumps masked in json mode already; keep the shape explicit for reviewers.
+    return data

@@ -1,0 +1,190 @@
+"""Incident correlator (pure, no I/O): change points -> incidents.
+
+Change points of the same pool and model whose onsets lie within
+`group_window_s` of each other form one incident. The incident's first failing
+stage is the stage whose evidence changed earliest (median onset over its
+devices; ties within half a window go upstream, contract §3), and its scope
+widens from device to host to pool as more of the pool's devices join.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+
+from monitor.metrics import BAD_DIRECTION, PRIMARY_METRICS
+from monitor.wire import STAGES, Stage
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePoint:
+    """One detected change on one stream, with the metadata needed to group it."""
+
+    device: str
+    host: str | None
+    pool: str | None
+    model: str | None
+    layer: str | None  # None for device-level metrics
+    metric: str
+    stage: Stage
+    onset_ts: float
+    detected_ts: float
+    before: float
+    after: float
+    score: float
+    window_s: float
+    row: int = -1  # stream row of the metric (layer row or device row)
+
+    @property
+    def is_regression(self) -> bool:
+        """True when the change goes in the metric's bad direction."""
+        sign = BAD_DIRECTION.get(self.metric, 0)
+        return sign != 0 and (self.after - self.before) * sign > 0
+
+
+@dataclass(slots=True)
+class Incident:
+    """A set of related regressions on one pool/model, growing while it fires."""
+
+    pool: str | None
+    model: str | None
+    anchor_ts: float  # onset of the first point: the grouping anchor, never moves
+    detected_ts: float
+    window_s: float
+    points: list[ChangePoint] = field(default_factory=list)
+    evidence: list[ChangePoint] = field(default_factory=list)
+    status: str = "open"  # open | resolved
+    alert_id: str | None = None
+    emitted_devices: int = 0
+    emitted_level: str = ""
+    healthy_windows: int = 0
+    last_ts: float = 0.0
+
+    @property
+    def onset_ts(self) -> float:
+        """Estimated change time: median onset of the primary metric over its devices."""
+        return float(median(p.onset_ts for p in self.primary_points()))
+
+    @property
+    def devices(self) -> set[str]:
+        """Devices whose primary metric regressed."""
+        return {p.device for p in self.points}
+
+    @property
+    def hosts(self) -> set[str]:
+        """Hosts of those devices."""
+        return {p.host for p in self.points if p.host}
+
+    @property
+    def primary_metric(self) -> str:
+        """The metric the alert is about: layer MFU first, then stall fraction, then device MFU."""
+        present = {p.metric for p in self.points}
+        for m in ("mfu", "stall_frac", "device_mfu"):
+            if m in present:
+                return m
+        return self.points[0].metric
+
+    def primary_points(self) -> list[ChangePoint]:
+        """The points of the primary metric."""
+        m = self.primary_metric
+        return [p for p in self.points if p.metric == m]
+
+    @property
+    def layers(self) -> list[str]:
+        """Layer types whose primary metric regressed, sorted."""
+        return sorted({p.layer for p in self.primary_points() if p.layer})
+
+    def first_failing_stage(self) -> Stage:
+        """Most upstream stage among those whose indicators changed first."""
+        by_stage: dict[Stage, list[float]] = {}
+        for p in (*self.points, *self.evidence):
+            by_stage.setdefault(p.stage, []).append(p.onset_ts)
+        onsets = {s: median(v) for s, v in by_stage.items()}
+        earliest = min(onsets.values())
+        tie = self.window_s / 2
+        return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
+
+    def scope_level(self, pool_devices: int, pool_fraction: float) -> str:
+        """device, host or pool, from how many of the pool's devices moved."""
+        n = len(self.devices)
+        if pool_devices > 0 and n >= max(2, pool_fraction * pool_devices):
+            return "pool"
+        if n == 1:
+            return "device"
+        return "host" if len(self.hosts) <= 1 else "pool"
+
+
+class Correlator:
+    """Groups change points into incidents; evidence may arrive before or after its incident."""
+
+    def __init__(self, group_window_s: float = 300.0) -> None:
+        self.group_window_s = group_window_s
+        self.incidents: list[Incident] = []
+        self._recent: list[ChangePoint] = []  # non-primary evidence waiting for an incident
+
+    def add(self, points: list[ChangePoint], now_ts: float) -> list[Incident]:
+        """Fold new change points in; return the incidents that changed."""
+        touched: dict[int, Incident] = {}
+        primary = [p for p in points if p.metric in PRIMARY_METRICS and p.is_regression]
+        other = [p for p in points if not (p.metric in PRIMARY_METRICS and p.is_regression)]
+        for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):
+            inc = self._match(p)
+            if inc is None:
+                inc = Incident(p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s)
+                self.incidents.append(inc)
+                inc.evidence.extend(e for e in self._recent if self._fits(inc, e))
+            inc.points.append(p)
+            touched[id(inc)] = inc
+        for e in other:
+            if not e.is_regression:
+                continue
+            homes = [i for i in self.incidents if i.status == "open" and self._fits(i, e)]
+            for inc in homes:
+                inc.evidence.append(e)
+                touched[id(inc)] = inc
+            self._recent.append(e)
+        horizon = now_ts - 2 * self.group_window_s
+        self._recent = [e for e in self._recent if e.detected_ts >= horizon]
+        return list(touched.values())
+
+    def _fits(self, inc: Incident, p: ChangePoint) -> bool:
+        return (
+            inc.pool == p.pool
+            and inc.model == p.model
+            and abs(p.onset_ts - inc.anchor_ts) <= self.group_window_s
+        )
+
+    def _match(self, p: ChangePoint) -> Incident | None:
+        for inc in self.incidents:
+            if inc.status == "open" and self._fits(inc, p):
+                return inc
+        return None
+
+    def drop_resolved(self, now_ts: float, keep_s: float) -> None:
+        """Forget resolved incidents older than keep_s."""
+        self.incidents = [
+            i for i in self.incidents if i.status == "open" or now_ts - i.last_ts <= keep_s
+        ]
+
+
+def bottleneck_class(stage: Stage, indicators: set[str]) -> str:
+    """Bottleneck class from the first failing stage and what moved (decision matrix)."""
+    if stage == "ingress":
+        return "ingress"
+    if stage == "lowering":
+        return "kernel_selection"
+    if stage == "scheduling":
+        return "memory_locality"
+    if stage == "validation":
+        return "quality"
+    if "sync_frac" in indicators:
+        return "synchronisation"
+    if "clock_mhz" in indicators and indicators & {"temp_c", "power_w"}:
+        return "thermal_power"
+    if "clock_mhz" in indicators:
+        return "thermal_power"
+    if "occupancy" in indicators or "stall_frac" in indicators:
+        return "memory_locality"
+    if indicators & {"lat_p95_ms", "lat_p99_ms", "queue_wait_ms"}:
+        return "contention"
+    return "unclassified"

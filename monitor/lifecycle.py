@@ -1,0 +1,191 @@
+"""Alert lifecycle: when an incident pages, updates and resolves, and its alert record.
+
+Ids are fingerprints of pool, model, primary metric, first failing stage and
+onset window taken when the incident first pages, so replays, restarts and
+replicas produce the same id for the same incident and never page twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from statistics import median
+
+import numpy as np
+
+from monitor.advisor import Advisor
+from monitor.config import AlertSettings
+from monitor.correlator import ChangePoint, Incident, bottleneck_class
+from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS
+from monitor.stream_table import Frame
+from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
+
+RUNBOOK = "docs/runbook.md#"
+_METRIC_WORDS = {"mfu": "MFU", "device_mfu": "device MFU", "stall_frac": "memory-stall fraction"}
+
+
+def fingerprint(*parts: object) -> str:
+    """Short stable id: 'fw-' + 12 hex of sha256 over the parts."""
+    h = hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()
+    return "fw-" + h[:12]
+
+
+class AlertLifecycle:
+    """Decides when incidents emit alert records and renders them (contract §5)."""
+
+    def __init__(self, settings: AlertSettings, advisor: Advisor) -> None:
+        self.s = settings
+        self.advisor = advisor
+
+    def due(self, incidents: list[Incident], now_ts: float, pool_devices: dict[tuple[str | None,
+            str | None], int]) -> list[Alert]:  # fmt: skip
+        """Alerts to send now: first pages after settling, and growth updates."""
+        out: list[Alert] = []
+        for inc in incidents:
+            if inc.status != "open":
+                continue
+            n_pool = pool_devices.get((inc.pool, inc.model), 0)
+            level = inc.scope_level(n_pool, self.s.pool_fraction)
+            n = len(inc.devices)
+            if inc.alert_id is None:
+                if now_ts - inc.detected_ts < self.s.settle_windows * inc.window_s:
+                    continue
+                stage = inc.first_failing_stage()
+                inc.alert_id = fingerprint(
+                    inc.pool, inc.model, inc.primary_metric, stage,
+                    int(inc.onset_ts // inc.window_s),
+                )  # fmt: skip
+            elif n < inc.emitted_devices * (1 + self.s.update_growth) and level == (
+                inc.emitted_level
+            ):
+                continue
+            inc.emitted_devices, inc.emitted_level, inc.last_ts = n, level, now_ts
+            out.append(self.render(inc, now_ts, n_pool, "firing"))
+        return out
+
+    def observe(self, incidents: list[Incident], frame: Frame, n_pool: dict[tuple[str | None,
+                str | None], int]) -> list[Alert]:  # fmt: skip
+        """Track recovery of paged incidents; resolved alerts for those back to baseline."""
+        out: list[Alert] = []
+        for inc in incidents:
+            if inc.status != "open" or inc.alert_id is None:
+                continue
+            metric = inc.primary_metric
+            pts = inc.primary_points()
+            if metric in LAYER_METRICS:
+                rows, ts, vals = frame.layer_rows, frame.layer_ts, frame.layer_values
+                col = LAYER_METRICS.index(metric)
+            else:
+                rows, ts, vals = frame.device_rows, frame.device_ts, frame.device_values
+                col = DEVICE_METRICS.index(metric)
+            mask = np.isin(rows, np.array([p.row for p in pts], dtype=np.int64))
+            if not mask.any():
+                continue
+            before = median(p.before for p in pts)
+            sign = BAD_DIRECTION.get(metric, -1)
+            win_ts, inv = np.unique(ts[mask], return_inverse=True)
+            v = vals[mask, col]
+            ok = np.isfinite(v)
+            sums = np.bincount(inv[ok], weights=v[ok], minlength=win_ts.size)
+            counts = np.bincount(inv[ok], minlength=win_ts.size)
+            for t, s_, c in zip(win_ts, sums, counts, strict=True):
+                if c == 0:
+                    continue
+                level = s_ / c
+                healthy = (level - before) * sign <= self.s.resolve_tolerance * abs(before)
+                inc.healthy_windows = inc.healthy_windows + 1 if healthy else 0
+                if inc.healthy_windows >= self.s.resolve_windows:
+                    inc.status = "resolved"
+                    inc.last_ts = float(t)
+                    out.append(
+                        self.render(inc, float(t), n_pool.get((inc.pool, inc.model), 0),
+                                    "resolved")  # fmt: skip
+                    )
+                    break
+        return out
+
+    def render(self, inc: Incident, now_ts: float, n_pool: int, status: str) -> Alert:
+        """The alert record for an incident as it stands now."""
+        metric = inc.primary_metric
+        pts = inc.primary_points()
+        before = float(median(p.before for p in pts))
+        after = float(median(p.after for p in pts))
+        delta_pct = 100.0 * (after - before) / before if before else 0.0
+        stage = inc.first_failing_stage()
+        moved = {p.metric for p in (*inc.points, *inc.evidence)}
+        bottleneck = bottleneck_class(stage, moved)
+        level = inc.scope_level(n_pool, self.s.pool_fraction)
+        devices = sorted(inc.devices)
+        layers = inc.layers
+        what = f"{'/'.join(layers) + ' ' if layers else ''}{_METRIC_WORDS.get(metric, metric)}"
+        sign = BAD_DIRECTION.get(metric, -1)
+        bound = before * (1 - self.s.resolve_tolerance * (1 if sign < 0 else -1))
+        guardrail = (
+            f"{what} back to {'>=' if sign < 0 else '<='} {bound:.3g} within "
+            f"{self.s.resolve_windows} windows, else undo and escalate"
+        )
+        suggestion = self.advisor.suggest(inc, stage, bottleneck, guardrail)
+        share = len(devices) / n_pool if n_pool else 1.0
+        loss = abs(delta_pct) / 100.0 * share
+        severity = (
+            "page" if loss >= self.s.page_loss else "ticket" if loss >= self.s.page_loss / 5
+            else "info"
+        )  # fmt: skip
+        where = {
+            "pool": f"pool {inc.pool} ({len(devices)} devices)",
+            "host": f"host {devices and sorted(inc.hosts)[0]} ({len(devices)} devices)",
+            "device": f"device {devices[0]}",
+        }[level]
+        cause = (
+            f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
+            if suggestion.action == "rollback"
+            else ""
+        )
+        return Alert(
+            v=1,
+            id=inc.alert_id or "",
+            status="resolved" if status == "resolved" else "firing",
+            ts=now_ts,
+            onset_ts=inc.onset_ts,
+            detected_ts=inc.detected_ts,
+            severity=severity,  # type: ignore[arg-type]
+            scope=AlertScope(
+                level=level,  # type: ignore[arg-type]
+                pool=inc.pool,
+                model=inc.model,
+                hosts=sorted(inc.hosts)[: self.s.max_devices_listed],
+                devices=devices[: self.s.max_devices_listed],
+                device_count=len(devices),
+            ),
+            layers=layers,
+            metric=metric,
+            before=round(before, 6),
+            after=round(after, 6),
+            delta_pct=round(delta_pct, 2),
+            first_failing_stage=stage,
+            bottleneck=bottleneck,
+            evidence=_evidence(inc),
+            suggestion=suggestion,
+            summary=f"{what} {delta_pct:+.1f}% on {where}{cause}",
+            runbook=RUNBOOK + bottleneck.replace("_", "-"),
+        )
+
+
+def _evidence(inc: Incident) -> list[Evidence]:
+    """One line per (stage, indicator, layer): medians over the devices that moved."""
+    groups: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
+    for p in (*inc.points, *inc.evidence):
+        groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
+    out = [
+        Evidence(
+            stage=stage,
+            indicator=metric,
+            layer=layer,
+            before=round(float(median(p.before for p in ps)), 6),
+            after=round(float(median(p.after for p in ps)), 6),
+            onset_ts=float(median(p.onset_ts for p in ps)),
+            score=round(float(max(p.score for p in ps)), 3),
+        )
+        for (stage, metric, layer), ps in groups.items()
+    ]
+    out.sort(key=lambda e: (e.onset_ts, STAGES.index(e.stage), e.indicator, e.layer or ""))
+    return out

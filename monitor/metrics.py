@@ -1,0 +1,81 @@
+"""Derived metrics and their place in the execution flow (contract §1 and §3).
+
+All functions take numpy columns and return numpy columns: one call per batch,
+never one per sample. A missing input (NaN) gives a missing output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from monitor.wire import Stage
+
+F64 = npt.NDArray[np.float64]
+
+# Columns of the per (device, layer type) stream matrix.
+LAYER_METRICS: tuple[str, ...] = (
+    "mfu", "stall_frac", "arith_intensity", "sync_frac",
+    "occupancy", "sram_hit", "spill_frac", "fallback_frac",
+)  # fmt: skip
+# Columns of the per-device stream matrix.
+DEVICE_METRICS: tuple[str, ...] = (
+    "device_mfu", "clock_mhz", "temp_c", "power_w",
+    "req_rate", "queue_depth", "queue_wait_ms", "batch",
+    "lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality",
+)  # fmt: skip
+
+STAGE_OF: dict[str, Stage] = {
+    "req_rate": "ingress", "queue_depth": "ingress", "queue_wait_ms": "ingress", "batch": "ingress",
+    "kernel": "lowering", "fallback_frac": "lowering",
+    "sram_hit": "scheduling", "spill_frac": "scheduling", "arith_intensity": "scheduling",
+    "mfu": "execution", "stall_frac": "execution", "occupancy": "execution",
+    "sync_frac": "execution", "device_mfu": "execution", "clock_mhz": "execution",
+    "temp_c": "execution", "power_w": "execution",
+    "lat_p50_ms": "validation", "lat_p95_ms": "validation", "lat_p99_ms": "validation",
+    "quality": "validation",
+}  # fmt: skip
+
+# The metrics an alert is about; the others are evidence for attribution.
+PRIMARY_METRICS = frozenset({"mfu", "stall_frac", "device_mfu"})
+# Direction that counts as a regression (+1 up is bad, -1 down is bad).
+BAD_DIRECTION: dict[str, int] = {
+    "mfu": -1, "device_mfu": -1, "stall_frac": +1, "occupancy": -1, "sram_hit": -1,
+    "spill_frac": +1, "fallback_frac": +1, "sync_frac": +1, "arith_intensity": -1,
+    "clock_mhz": -1, "temp_c": +1, "power_w": +1, "queue_wait_ms": +1, "queue_depth": +1,
+    "lat_p50_ms": +1, "lat_p95_ms": +1, "lat_p99_ms": +1, "quality": -1,
+    "req_rate": 0, "batch": 0, "kernel": +1,
+}  # fmt: skip
+
+# Layer columns fed in, in this order, by the stream table.
+LAYER_INPUTS: tuple[str, ...] = (
+    "flops", "busy_s", "cycles", "stall_mem_cycles", "occupancy", "bytes_hbm",
+    "sram_hit", "spill_bytes", "sync_wait_s", "fallback_frac",
+)  # fmt: skip
+
+
+def _ratio(num: F64, den: F64) -> F64:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = num / den
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def layer_metrics(raw: F64, peak: F64) -> F64:
+    """(n, len(LAYER_INPUTS)) raw counters + per-row peak FLOP/s -> (n, len(LAYER_METRICS))."""
+    col = {name: raw[:, i] for i, name in enumerate(LAYER_INPUTS)}
+    out = np.empty((raw.shape[0], len(LAYER_METRICS)))
+    out[:, 0] = _ratio(col["flops"], col["busy_s"] * peak)
+    out[:, 1] = _ratio(col["stall_mem_cycles"], col["cycles"])
+    out[:, 2] = _ratio(col["flops"], col["bytes_hbm"])
+    out[:, 3] = _ratio(col["sync_wait_s"], col["busy_s"])
+    out[:, 4] = col["occupancy"]
+    out[:, 5] = col["sram_hit"]
+    out[:, 6] = _ratio(col["spill_bytes"], col["bytes_hbm"] + col["spill_bytes"])
+    out[:, 7] = col["fallback_frac"]
+    return out
+
+
+def device_mfu(flops_sum: F64, window_s: F64, peak: F64) -> F64:
+    """Device MFU = sum(flops) / (window_s * peak); NaN where peak is unknown."""
+    return _ratio(flops_sum, window_s * peak)

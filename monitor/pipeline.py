@@ -1,0 +1,213 @@
+"""The monitor's pure core: raw messages in; alerts, dead letters and counters out.
+
+source → decode/validate → stream table → detectors → correlator → advisor →
+alert lifecycle. No I/O and no clock: time is the records' event time, so a
+recording replays to byte-identical alerts. Detector state is kept per input
+partition (a device's records always land in one partition) so it can be
+checkpointed and handed over per partition.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from monitor.advisor import Advisor
+from monitor.config import Settings
+from monitor.correlator import ChangePoint, Correlator
+from monitor.detect.base import Detections, Detector
+from monitor.detect.cusum import Cusum
+from monitor.hardware import Catalog, HardwareSpec
+from monitor.lifecycle import AlertLifecycle
+from monitor.metrics import DEVICE_METRICS, LAYER_METRICS, STAGE_OF
+from monitor.sources.base import RawMessage
+from monitor.stream_table import Frame, StreamTable
+from monitor.wire import Alert, Codec, DecodeError, WindowRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A rejected input and why; goes to the dead-letter topic unchanged plus the reason."""
+
+    message: RawMessage
+    reason: str
+
+
+@dataclass(slots=True)
+class Output:
+    """What one batch produced."""
+
+    alerts: list[Alert] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+
+def catalog_from(settings: Settings) -> Catalog:
+    """The hardware catalog with config entries merged in."""
+    return Catalog(
+        {
+            k: HardwareSpec(
+                peak_flops={d.lower(): v for d, v in e.peak_flops.items()},
+                hbm_bytes_per_s=e.hbm_bytes_per_s,
+                source=e.source,
+                max_clock_mhz=e.max_clock_mhz,
+            )
+            for k, e in settings.hardware.items()
+        }
+    )
+
+
+def make_detector(settings: Settings, n_metrics: int) -> Detector:
+    """The configured detector for a matrix of `n_metrics` columns."""
+    d = settings.detector
+    if d.kind == "cusum":
+        return Cusum(
+            n_metrics, burn_in=d.burn_in, k=d.k, h=d.h, clip=d.clip,
+            rel_floor=d.rel_floor, min_rel_change=d.min_rel_change,
+        )  # fmt: skip
+    raise ValueError(f"unknown detector.kind {d.kind!r}; valid: cusum")
+
+
+@dataclass
+class PartitionState:
+    """Everything that belongs to one input partition: streams and their detectors."""
+
+    table: StreamTable
+    layer_detector: Detector
+    device_detector: Detector
+    expired_at: float = 0.0
+
+
+class Pipeline:
+    """Processes batches of raw messages in event time; deterministic for a given input."""
+
+    def __init__(self, settings: Settings, log: object | None = None) -> None:
+        self.settings = settings
+        self.catalog = catalog_from(settings)
+        self.codec = Codec()
+        self.partitions: dict[int, PartitionState] = {}
+        self.correlator = Correlator(settings.alerts.group_window_s)
+        self.advisor = Advisor(lookback_s=settings.alerts.change_lookback_s)
+        self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
+        self.counters: Counter[str] = Counter()
+        self.unknown_hw: list[tuple[str, str | None, str | None]] = []
+        self.watermark = 0.0
+
+    def _partition(self, p: int) -> PartitionState:
+        st = self.partitions.get(p)
+        if st is None:
+            st = PartitionState(
+                StreamTable(self.catalog, ttl_s=self.settings.detector.stream_ttl_s),
+                make_detector(self.settings, len(LAYER_METRICS)),
+                make_detector(self.settings, len(DEVICE_METRICS)),
+            )
+            self.partitions[p] = st
+        return st
+
+    def process(self, batch: list[RawMessage]) -> Output:
+        """Decode, detect, correlate and advise over one batch; returns alerts and dead letters."""
+        out = Output()
+        samples: dict[int, list[tuple[RawMessage, WindowRecord]]] = {}
+        changes_topic = self.settings.kafka.topics.changes
+        for msg in batch:
+            try:
+                if msg.topic == changes_topic:
+                    self.advisor.add_change(self.codec.decode_change(msg.value))
+                    self.counters["changes_in"] += 1
+                else:
+                    rec = self.codec.decode_window(msg.value)
+                    samples.setdefault(msg.partition, []).append((msg, rec))
+            except DecodeError as exc:
+                out.dead.append(DeadLetter(msg, exc.reason))
+                self.counters["records_rejected"] += 1
+        points: list[ChangePoint] = []
+        frames: list[Frame] = []
+        for part, items in sorted(samples.items()):
+            st = self._partition(part)
+            frame, rejected = st.table.build([rec for _, rec in items])
+            frames.append(frame)
+            for rej in rejected:
+                self.counters[f"records_{rej.kind}"] += 1
+                if rej.kind == "late":
+                    out.dead.append(DeadLetter(items[rej.index][0], rej.reason))
+            self.counters["records_in"] += len(items) - len(rejected)
+            self.unknown_hw.extend(st.table.newly_unknown)
+            st.table.newly_unknown.clear()
+            points.extend(self._detect(st, frame))
+            if frame.layer_ts.size:
+                self.watermark = max(self.watermark, float(frame.layer_ts.max()))
+            if frame.device_ts.size:
+                self.watermark = max(self.watermark, float(frame.device_ts.max()))
+            if self.watermark - st.expired_at > st.table.ttl_s / 4:
+                dev_rows, layer_rows = st.table.expire(self.watermark)
+                st.device_detector.forget(dev_rows)
+                st.layer_detector.forget(layer_rows)
+                st.expired_at = self.watermark
+        if not samples:
+            return out
+        now = self.watermark
+        self.correlator.add(points, now)
+        open_incidents = [i for i in self.correlator.incidents if i.status == "open"]
+        if open_incidents:
+            counts = self.pool_counts()
+            out.alerts.extend(self.lifecycle.due(open_incidents, now, counts))
+            for frame in frames:
+                out.alerts.extend(self.lifecycle.observe(open_incidents, frame, counts))
+        self.correlator.drop_resolved(now, keep_s=4 * self.settings.alerts.group_window_s)
+        self.advisor.prune(now)
+        self.counters["alerts_out"] += len(out.alerts)
+        return out
+
+    def pool_counts(self) -> dict[tuple[str | None, str | None], int]:
+        """Known devices per (pool, model) over all partitions."""
+        c: Counter[tuple[str | None, str | None]] = Counter()
+        for st in self.partitions.values():
+            c.update((d.pool, d.model) for d in st.table.devices.values())
+        return dict(c)
+
+    def _detect(self, st: PartitionState, frame: Frame) -> list[ChangePoint]:
+        found: list[ChangePoint] = []
+        for wave in Frame.waves(frame.layer_rows):
+            det = st.layer_detector.update(
+                frame.layer_rows[wave], frame.layer_ts[wave], frame.layer_values[wave]
+            )
+            found.extend(self._points(st.table, det, layer=True))
+        for wave in Frame.waves(frame.device_rows):
+            det = st.device_detector.update(
+                frame.device_rows[wave], frame.device_ts[wave], frame.device_values[wave]
+            )
+            found.extend(self._points(st.table, det, layer=False))
+        for row, ts, _old, _new in frame.kernel_changes:
+            name, layer = st.table.device_of_layer_row(row)
+            dev = st.table.devices[name]
+            found.append(ChangePoint(
+                name, dev.host, dev.pool, dev.model, layer, "kernel", "lowering",
+                onset_ts=ts - dev.window_s, detected_ts=ts, before=0.0, after=1.0, score=1.0,
+                window_s=dev.window_s, row=row,
+            ))  # fmt: skip
+        self.counters["change_points"] += len(found)
+        return found
+
+    def _points(self, table: StreamTable, det: Detections, *, layer: bool) -> list[ChangePoint]:
+        names = LAYER_METRICS if layer else DEVICE_METRICS
+        out: list[ChangePoint] = []
+        for i in range(len(det)):
+            row = int(det.rows[i])
+            if layer:
+                name, layer_type = table.device_of_layer_row(row)
+            else:
+                maybe = table.device_names[row]
+                if maybe is None:
+                    continue
+                name, layer_type = maybe, None
+            dev = table.devices[name]
+            metric = names[int(det.cols[i])]
+            out.append(ChangePoint(
+                device=name, host=dev.host, pool=dev.pool, model=dev.model, layer=layer_type,
+                metric=metric, stage=STAGE_OF[metric], onset_ts=float(det.onset_ts[i]),
+                detected_ts=float(det.detected_ts[i]), before=float(det.before[i]),
+                after=float(det.after[i]), score=float(np.round(det.score[i], 6)),
+                window_s=dev.window_s, row=row,
+            ))  # fmt: skip
+        return out
