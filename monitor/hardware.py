@@ -15,7 +15,7 @@ TERA = 1e12
 
 
 class HardwareSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Peak dense throughput per dtype (FLOP/s), HBM bandwidth (bytes/s) and where they come from."""
+    """Peak dense FLOP/s per dtype, HBM bandwidth (bytes/s) and where the figures come from."""
 
     peak_flops: dict[str, float]
     hbm_bytes_per_s: float

@@ -19,6 +19,7 @@ from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS
 from monitor.stream_table import Frame
 from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
 
+PoolKey = tuple[str | None, str | None]
 RUNBOOK = "docs/runbook.md#"
 _METRIC_WORDS = {"mfu": "MFU", "device_mfu": "device MFU", "stall_frac": "memory-stall fraction"}
 
@@ -36,8 +37,9 @@ class AlertLifecycle:
         self.s = settings
         self.advisor = advisor
 
-    def due(self, incidents: list[Incident], now_ts: float, pool_devices: dict[tuple[str | None,
-            str | None], int]) -> list[Alert]:  # fmt: skip
+    def due(
+        self, incidents: list[Incident], now_ts: float, pool_devices: dict[PoolKey, int]
+    ) -> list[Alert]:
         """Alerts to send now: first pages after settling, and growth updates."""
         out: list[Alert] = []
         for inc in incidents:
@@ -62,8 +64,9 @@ class AlertLifecycle:
             out.append(self.render(inc, now_ts, n_pool, "firing"))
         return out
 
-    def observe(self, incidents: list[Incident], frame: Frame, n_pool: dict[tuple[str | None,
-                str | None], int]) -> list[Alert]:  # fmt: skip
+    def observe(
+        self, incidents: list[Incident], frame: Frame, n_pool: dict[PoolKey, int]
+    ) -> list[Alert]:
         """Track recovery of paged incidents; resolved alerts for those back to baseline."""
         out: list[Alert] = []
         for inc in incidents:
@@ -97,8 +100,7 @@ class AlertLifecycle:
                     inc.status = "resolved"
                     inc.last_ts = float(t)
                     out.append(
-                        self.render(inc, float(t), n_pool.get((inc.pool, inc.model), 0),
-                                    "resolved")  # fmt: skip
+                        self.render(inc, float(t), n_pool.get((inc.pool, inc.model), 0), "resolved")
                     )
                     break
         return out

@@ -43,7 +43,9 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     # aiokafka logs through stdlib logging; keep its noise at warning and on stderr.
-    logging.basicConfig(level=logging.WARNING, stream=out, format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=out, format="%(levelname)s %(name)s %(message)s"
+    )
 
 
 def get_logger(component: str, **context: object) -> structlog.typing.FilteringBoundLogger:

@@ -145,8 +145,13 @@ class StreamTable:
             rec = records[i]
             prev = seen.get((rec.device, rec.ts))
             if prev is not None:
-                rejections.append(Rejection(i, f"duplicate: device {rec.device} window "
-                                               f"ts={rec.ts} already in this batch", "duplicate"))
+                rejections.append(
+                    Rejection(
+                        i,
+                        f"duplicate: device {rec.device} window ts={rec.ts} already in this batch",
+                        "duplicate",
+                    )
+                )
                 continue
             dev = self.devices.get(rec.device)
             if dev is not None and rec.ts <= dev.last_ts:

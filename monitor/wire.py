@@ -219,7 +219,7 @@ def _type_words(t: str) -> str:
 
 
 def _bound(rest: str) -> str:
-    rest = rest.split(", got")[0].strip()
+    rest = rest.split(", got", maxsplit=1)[0].strip()
     rest = re.sub(r"(\d)\.0\b", r"\1", rest)
     return rest.replace("of length", "of length").replace("matching regex", "matching")
 

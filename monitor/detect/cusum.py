@@ -9,6 +9,7 @@ estimate, which attribution needs to order stages in time.
 from __future__ import annotations
 
 import io
+from typing import ClassVar
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class Cusum:
         self._grow(max(capacity, 1))
 
     # -- state ---------------------------------------------------------------
-    _FIELDS = {
+    _FIELDS: ClassVar[dict[str, type[np.generic]]] = {
         "n": np.int32, "mu": np.float64, "sd": np.float64, "last_ts": np.float64,
         "s_hi": np.float64, "s_lo": np.float64, "t0_hi": np.float64, "t0_lo": np.float64,
         "sum_hi": np.float64, "sum_lo": np.float64, "cnt_hi": np.int32, "cnt_lo": np.int32,
@@ -81,7 +82,7 @@ class Cusum:
              self.rel_floor, self.min_rel_change],
             dtype=np.float64,
         )  # fmt: skip
-        np.savez(out, params=params, **self._arrays)
+        np.savez(out, params=params, **self._arrays)  # type: ignore[arg-type]
         return out.getvalue()
 
     @classmethod

@@ -1,0 +1,42 @@
+# The two commands of the README: `make run` and `make test`. Everything else is a helper.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: setup run test lint fmt bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## run: the main job on the embedded default (bundled broker + simulator + daemon)
+run: $(STAMP)
+	$(BIN)/flopwatch up
+
+## test: lint, type-check, then the whole suite (real broker and Alertmanager included)
+test: $(STAMP) lint
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy monitor sim bench
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+## bench: every benchmark, JSON under out/bench/
+bench: $(STAMP)
+	mkdir -p out/bench
+	$(BIN)/python bench/decode.py --json out/bench/decode.json
+	$(BIN)/python bench/sim.py --json out/bench/sim.json
+	$(BIN)/python bench/detect.py --json out/bench/detect.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out

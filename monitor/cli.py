@@ -1,0 +1,306 @@
+"""The `flopwatch` command: up, run, sim, replay, record, detect, schema, config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gzip
+import json
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from monitor import __version__
+from monitor.config import ConfigError, Settings, load_settings, masked_dump
+from monitor.logging import configure_logging, get_logger
+from monitor.sources.file import RecordingError, RecordingSource
+from monitor.wire import json_schemas
+
+PROG = "flopwatch"
+
+
+class UsageError(Exception):
+    """Misuse of the CLI: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports misuse in one line (no usage block) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _duration(text: str) -> float:
+    """Seconds from '90', '90s', '20m', '2h'."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use 90s, 20m, 2h)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be > 0, got {text!r}")
+    return value
+
+
+def _speed(text: str) -> float | None:
+    if text.lower() in ("max", "inf"):
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid speed {text!r} (a factor, or 'max')") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"speed must be > 0, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with all subcommands."""
+    common = _Parser(add_help=False)
+    common.add_argument("--config", type=Path, help="TOML config file (env FLOPWATCH_* wins)")
+    common.add_argument("--log-format", choices=["auto", "json", "console"], default=None)
+
+    p = _Parser(prog=PROG, description="Streaming MFU and memory-stall regression monitor.")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    up = sub.add_parser("up", parents=[common], help="embedded demo: broker + simulator + daemon")
+    up.add_argument("--scenario", default="pool_regression")
+    up.add_argument("--devices", type=int, default=256)
+    up.add_argument("--sim-duration", type=_duration, default=1200.0,
+                    help="event time to simulate (default 20m)")  # fmt: skip
+    up.add_argument("--speed", type=_speed, default=25.0, help="event-time speed-up, or 'max'")
+    up.add_argument("--seed", type=int, default=7)
+    up.add_argument(
+        "--duration",
+        type=_duration,
+        default=None,
+        help="stop after this wall time (default: when the simulation is consumed)",
+    )
+
+    sub.add_parser("run", parents=[common], help="the daemon against the configured Kafka")
+
+    sim = sub.add_parser("sim", parents=[common], help="simulate a fleet to a file or Kafka")
+    with contextlib.suppress(ImportError):
+        from sim.cli import add_arguments  # noqa: PLC0415
+
+        add_arguments(sim)
+
+    rp = sub.add_parser("replay", parents=[common], help="run the monitor over a recording")
+    rp.add_argument("file", type=Path)
+    rp.add_argument("--alerts-out", type=Path, help="write alert JSONL here instead of stdout")
+    rp.add_argument("--dead-letters", type=Path, help="write rejected lines with reasons here")
+    rp.add_argument("--batch-size", type=int, default=5000)
+
+    rec = sub.add_parser("record", parents=[common], help="capture topics to a recording")
+    rec.add_argument("--out", type=Path, required=True, help=".jsonl or .jsonl.gz")
+    rec.add_argument("--topic", action="append", help="default: the samples and changes topics")
+    rec.add_argument("--max-records", type=int, default=None)
+    rec.add_argument("--idle-timeout", type=_duration, default=5.0,
+                     help="stop after this long without new records")  # fmt: skip
+
+    det = sub.add_parser("detect", parents=[common],
+                         help="univariate: numbers on stdin -> change-point indices")  # fmt: skip
+    det.add_argument("--kind", default=None, help="detector kind (default: configured)")
+
+    sc = sub.add_parser("schema", parents=[common], help="print the JSON Schema of each record")
+    sc.add_argument("--record", choices=["window_record", "change_event", "alert"], default=None)
+
+    sub.add_parser("config", parents=[common], help="print the effective configuration")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+        if args.log_format:
+            settings = settings.model_copy(update={"log_format": args.log_format})
+        configure_logging(settings.log_format, settings.log_level)
+        return _dispatch(args, settings)
+    except (UsageError, ConfigError, RecordingError) as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    cmd = args.command
+    if cmd == "schema":
+        schemas = json_schemas()
+        out = schemas[args.record] if args.record else schemas
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    if cmd == "config":
+        print(json.dumps(masked_dump(settings), indent=2, sort_keys=True))
+        return 0
+    if cmd == "replay":
+        return asyncio.run(_replay(args, settings))
+    if cmd == "detect":
+        from monitor.detect.univariate import main_stdin  # noqa: PLC0415
+
+        code: int = main_stdin(sys.stdin, sys.stdout, kind=args.kind or settings.detector.kind)
+        return code
+    if cmd == "sim":
+        from sim.cli import main as sim_main  # noqa: PLC0415
+
+        sim_code: int = asyncio.run(sim_main(args))
+        return sim_code
+    if cmd == "record":
+        return asyncio.run(_record(args, settings))
+    if cmd == "run":
+        if not settings.kafka.bootstrap_servers:
+            raise UsageError("no Kafka configured: set FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS "
+                             "(or use `flopwatch up` for the embedded demo)")  # fmt: skip
+        return asyncio.run(_serve(settings))
+    if cmd == "up":
+        from monitor.up import up  # noqa: PLC0415
+
+        return asyncio.run(up(args, settings))
+    raise UsageError(f"unknown command {cmd!r}")
+
+
+async def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    from monitor.app import Runner  # noqa: PLC0415
+    from monitor.pipeline import DeadLetter, Pipeline  # noqa: PLC0415
+    from monitor.sinks.files import JsonlSink  # noqa: PLC0415
+
+    if not args.file.is_file():
+        raise UsageError(f"recording not found: {args.file}")
+    if args.batch_size < 1:
+        raise UsageError("--batch-size must be >= 1")
+    source = RecordingSource(args.file, settings.kafka.topics, batch_size=args.batch_size)
+    pipeline = Pipeline(settings)
+    sink = JsonlSink(args.alerts_out)
+    dead_file = args.dead_letters.open("w") if args.dead_letters else None
+    alerts: Counter[str] = Counter()
+
+    class _Count:
+        async def send(self, batch: Sequence[Any]) -> None:
+            alerts.update(a.status for a in batch)
+
+        async def close(self) -> None:
+            return None
+
+    async def dead(items: Sequence[DeadLetter]) -> None:
+        if dead_file:
+            for d in items:
+                dead_file.write(json.dumps({"line": d.message.offset, "reason": d.reason}) + "\n")
+
+    runner = Runner(source, pipeline, [sink, _Count()], dead_letters=dead)
+    t0 = time.perf_counter()
+    try:
+        await runner.run()
+    finally:
+        await sink.close()
+        if dead_file:
+            dead_file.close()
+    dt = time.perf_counter() - t0
+    c = pipeline.counters
+    used = c["records_in"]
+    rejected = sum(runner.rejected.values())
+    reasons = ", ".join(f"{k}: {v}" for k, v in runner.rejected.most_common(5))
+    print(
+        f"replayed {source.lines} lines in {dt:.2f}s "
+        f"({source.lines / max(dt, 1e-9):,.0f} lines/s): "
+        f"{used} window records used, {c['changes_in']} change events, "
+        f"{c['records_duplicate']} duplicates dropped, {rejected} rejected"
+        f"{' (' + reasons + ')' if reasons else ''}; "
+        f"alerts: {alerts['firing']} firing, {alerts['resolved']} resolved",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _record(args: argparse.Namespace, settings: Settings) -> int:
+    from aiokafka import AIOKafkaConsumer  # noqa: PLC0415
+
+    if not settings.kafka.bootstrap_servers:
+        raise UsageError("no Kafka configured: set FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS")
+    if args.out.suffix not in (".jsonl", ".gz"):
+        raise UsageError(f"--out must end in .jsonl or .jsonl.gz, got {args.out.name}")
+    topics = args.topic or [settings.kafka.topics.samples, settings.kafka.topics.changes]
+    consumer = AIOKafkaConsumer(
+        *topics, **settings.kafka.client_kwargs(), group_id=None,
+        auto_offset_reset="earliest", enable_auto_commit=False,
+    )  # fmt: skip
+    await consumer.start()
+    rows: list[tuple[float, int, bytes]] = []
+    seq = 0
+    try:
+        idle_since = time.monotonic()
+        while args.max_records is None or len(rows) < args.max_records:
+            got = await consumer.getmany(timeout_ms=200, max_records=5000)
+            if not got:
+                if time.monotonic() - idle_since > args.idle_timeout:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for msgs in got.values():
+                for m in msgs:
+                    if m.value is None:
+                        continue
+                    # Sort key: event time where the record has one, else broker time.
+                    try:
+                        ts = float(json.loads(m.value).get("ts", m.timestamp / 1000))
+                    except (ValueError, AttributeError, TypeError):
+                        ts = m.timestamp / 1000
+                    rows.append((ts, seq, m.value))
+                    seq += 1
+    finally:
+        await consumer.stop()
+    rows.sort(key=lambda r: (r[0], r[1]))
+    if args.max_records is not None:
+        rows = rows[: args.max_records]
+    opener = gzip.open if args.out.suffix == ".gz" else open
+    with opener(args.out, "wb") as f:
+        for _, _, value in rows:
+            f.write(value.rstrip(b"\n") + b"\n")
+    print(f"recorded {len(rows)} records from {', '.join(topics)} to {args.out}", file=sys.stderr)
+    return 0
+
+
+async def _serve(settings: Settings) -> int:
+    """The production daemon: Kafka in, alerts to the configured sinks."""
+    from monitor.app import Runner  # noqa: PLC0415
+    from monitor.pipeline import Pipeline  # noqa: PLC0415
+    from monitor.sinks.base import Sink  # noqa: PLC0415
+    from monitor.sinks.files import ConsoleSink, JsonlSink  # noqa: PLC0415
+    from monitor.sinks.kafka import KafkaSink  # noqa: PLC0415
+    from monitor.sources.kafka import KafkaSource  # noqa: PLC0415
+
+    log = get_logger("daemon")
+    source = KafkaSource(settings.kafka)
+    kafka_sink = KafkaSink(settings.kafka)
+    await source.start()
+    await kafka_sink.start()
+    sinks: list[Sink] = []
+    if settings.sinks.kafka:
+        sinks.append(kafka_sink)
+    if settings.sinks.console:
+        sinks.append(ConsoleSink())
+    if settings.sinks.jsonl_path:
+        sinks.append(JsonlSink(settings.sinks.jsonl_path))
+    runner = Runner(source, Pipeline(settings), sinks, dead_letters=kafka_sink.send_dead)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runner.stop.set)
+    log.info("started", bootstrap=settings.kafka.bootstrap_servers, group=settings.kafka.group_id)
+    try:
+        await runner.run()
+    finally:
+        await source.close()
+        for s in sinks:
+            if s is not kafka_sink:
+                await s.close()
+        await kafka_sink.close()
+        log.info("stopped", **dict(runner.pipeline.counters))
+    return 0

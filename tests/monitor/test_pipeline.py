@@ -1,0 +1,114 @@
+"""The pure core end to end: records in, one correct alert out, bad input to dead letters."""
+
+from __future__ import annotations
+
+import json
+
+from factories import T0, fleet, msg, window
+
+from monitor.config import Settings
+from monitor.pipeline import Pipeline
+
+
+def _run(batches, settings: Settings | None = None):
+    p = Pipeline(settings or Settings())
+    alerts, dead = [], []
+    for b in batches:
+        out = p.process(b)
+        alerts.extend(out.alerts)
+        dead.extend(out.dead)
+    return p, alerts, dead
+
+
+def test_pool_regression_gives_one_alert_with_rollback() -> None:
+    """A kernel fallback on all of train-a pages once, at pool scope, naming the change."""
+    _, alerts, dead = _run(fleet(90, regress_at=49, change_at=48))
+    assert not dead
+    firing = [a for a in alerts if a.status == "firing"]
+    assert len({a.id for a in firing}) == 1, [a.summary for a in firing]
+    a = firing[0]
+    assert a.scope.pool == "train-a"
+    assert a.scope.level == "pool"
+    assert a.scope.device_count == 16
+    assert all(d.startswith(("node-000", "node-001")) for d in a.scope.devices)
+    assert a.layers == ["attention"]
+    assert a.metric == "mfu"
+    assert -17 < a.delta_pct < -12
+    assert a.first_failing_stage == "lowering"
+    assert a.bottleneck == "kernel_selection"
+    assert a.suggestion.action == "rollback"
+    assert a.suggestion.change_id == "chg-1"
+    assert (a.suggestion.from_, a.suggestion.to) == ("2.4.0", "2.3.0")
+    assert a.severity == "page"
+    # Onset: end of the last healthy window (w=48), detected a few windows later.
+    assert a.onset_ts == T0 + 10.0 * 49
+    assert T0 + 10.0 * 50 <= a.detected_ts <= T0 + 10.0 * 55
+    assert {e.indicator for e in a.evidence} >= {"mfu", "kernel", "fallback_frac"}
+
+
+def test_healthy_fleet_is_silent() -> None:
+    """No regression, no alert (noise, two pools, 90 windows)."""
+    _, alerts, _ = _run(fleet(90, seed=3))
+    assert alerts == []
+
+
+def test_no_rollback_for_change_after_onset() -> None:
+    """A change that lands after the regression began is never proposed."""
+    _, alerts, _ = _run(fleet(90, regress_at=49, change_at=60))
+    firing = [a for a in alerts if a.status == "firing"]
+    assert firing
+    assert all(a.suggestion.change_id is None for a in firing)
+    assert firing[0].suggestion.action in {"mitigate", "investigate"}
+
+
+def test_recovery_resolves_the_alert() -> None:
+    """After the pool returns to its old level the same alert id resolves."""
+    batches = fleet(80, regress_at=40, change_at=39)
+    healthy = fleet(120, seed=9)[80:]  # same devices, healthy level again
+    _, alerts, _ = _run(batches + healthy)
+    statuses = [(a.id, a.status) for a in alerts]
+    ids = {i for i, _ in statuses}
+    assert len(ids) == 1
+    assert statuses[-1][1] == "resolved"
+
+
+def test_bad_input_goes_to_dead_letters_without_losing_good_records() -> None:
+    """Malformed, invalid and late records are rejected with reasons; the rest still count."""
+    p = Pipeline(Settings())
+    good = [msg(window(f"n/gpu{i}", T0 + 10)) for i in range(4)]
+    bad = [
+        msg(b"{not json"),
+        msg(json.dumps(window("n/gpu9", T0 + 10, window_s=0)).encode()),
+        msg(
+            json.dumps(
+                window("n/gpu9", T0 + 10) | {"layers": [{"type": "mlp", "busy_s": -1}]}
+            ).encode()
+        ),
+    ]
+    out = p.process([bad[0], good[0], bad[1], good[1], bad[2], good[2], good[3]])
+    assert [d.reason.split(":")[0] for d in out.dead] == ["malformed JSON", "window_s",
+                                                           "layers[0].busy_s"]  # fmt: skip
+    assert p.counters["records_in"] == 4
+    late = p.process([msg(window("n/gpu0", T0 + 5)), msg(window("n/gpu1", T0 + 10)),
+                      msg(window("n/gpu2", T0 + 20))])  # fmt: skip
+    assert [d.reason.split(":")[0] for d in late.dead] == ["late"]
+    assert p.counters["records_duplicate"] == 1
+    assert p.counters["records_in"] == 5
+
+
+def test_unknown_hardware_keeps_other_indicators_flowing() -> None:
+    """Unknown hw: no MFU, reported once per device, and the stall stream still detects."""
+    p = Pipeline(Settings())
+    alerts = []
+    for w in range(80):
+        batch = []
+        for d in range(8):
+            stall = 0.3 * (1.4 if w >= 40 else 1.0) * (1 + 0.01 * ((w * 7 + d) % 5 - 2))
+            batch.append(msg(window(f"n0/gpu{d}", T0 + 10 * (w + 1), hw="mystery-9000",
+                                    stall=stall)))  # fmt: skip
+        alerts.extend(p.process(batch).alerts)
+    assert sorted(u[0] for u in p.unknown_hw) == [f"n0/gpu{d}" for d in range(8)]
+    assert p.counters["records_in"] == 640
+    assert alerts
+    assert alerts[0].metric == "stall_frac"
+    assert alerts[0].delta_pct > 30
