@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import tempfile
+import time
 from types import TracebackType
 
 from monitor.config import KafkaSettings
@@ -57,49 +58,54 @@ class EmbeddedBroker:
         """host:port for Kafka clients."""
         return f"127.0.0.1:{self.port}"
 
-    async def start(self) -> None:
-        """Spawn the broker and wait until it accepts connections."""
+    def start_sync(self) -> None:
+        """Spawn the broker and block until it accepts connections (for sync callers)."""
         url = f"tcp://127.0.0.1:{self.port}"
-        self._proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; no wait here
+        self._proc = subprocess.Popen(
             [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.start_timeout_s
-        while loop.time() < deadline:
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise BrokerError(f"broker exited with code {self._proc.returncode}: {self.tail()}")
             try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
             except OSError:
-                await asyncio.sleep(0.05)
+                time.sleep(0.05)
                 continue
-            writer.close()
-            await writer.wait_closed()
             return
-        await self.stop()
+        self.stop_sync()
         raise BrokerError(f"broker did not listen on {self.bootstrap} in {self.start_timeout_s}s")
+
+    async def start(self) -> None:
+        """Spawn the broker and wait until it accepts connections."""
+        await asyncio.to_thread(self.start_sync)
 
     def tail(self, n: int = 2000) -> str:
         """Last bytes of the broker's output, for error messages."""
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-n:].strip()
 
-    async def stop(self) -> None:
+    def stop_sync(self) -> None:
         """Terminate the broker and wait for it."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         proc.terminate()
         try:
-            await asyncio.to_thread(proc.wait, 10)
+            proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-            await asyncio.to_thread(proc.wait)
+            proc.wait()
         self._log.close()
+
+    async def stop(self) -> None:
+        """Terminate the broker and wait for it (off the event loop)."""
+        await asyncio.to_thread(self.stop_sync)
 
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()
