@@ -12,12 +12,19 @@ import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from monitor.detect.base import F64, I64
 from monitor.hardware import Catalog
 from monitor.metrics import DEVICE_METRICS, LAYER_INPUTS, device_mfu, layer_metrics
-from monitor.wire import WindowRecord
+from monitor.wire import Layer, WindowRecord
+
+astuple = msgspec.structs.astuple
+# Layer's numeric counters are its fields 1..10, in LAYER_INPUTS order.
+_N_INPUTS = 1 + len(LAYER_INPUTS)
+if Layer.__struct_fields__[1:_N_INPUTS] != LAYER_INPUTS:  # pragma: no cover - import-time guard
+    raise ImportError("Layer field order no longer matches LAYER_INPUTS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,23 +184,29 @@ class StreamTable:
         dpeak: list[float] = []
         dflops: list[float] = []
         draw: list[tuple[float | None, ...]] = []
+        index, last_kernel = self.layer_index, self.last_kernel
         for rec, dev in accepted:
             flops_sum = 0.0
             any_flops = False
             for layer in rec.layers:
-                row = self._layer_row(dev.row, layer.type)
+                row = index.get((dev.row, layer.type))
+                if row is None:
+                    row = self._layer_row(dev.row, layer.type)
                 lrows.append(row)
-                lts.append(rec.ts)
-                lpeak.append(dev.peak)
-                lraw.append(tuple(getattr(layer, name) for name in LAYER_INPUTS))
+                lraw.append(astuple(layer)[1:_N_INPUTS])
                 if layer.flops is not None and layer.type != "all":
                     flops_sum += layer.flops
                     any_flops = True
-                if layer.kernel is not None:
-                    old = self.last_kernel[row]
-                    if old is not None and old != layer.kernel:
-                        kchanges.append((row, rec.ts, old, layer.kernel))
-                    self.last_kernel[row] = layer.kernel
+                kernel = layer.kernel
+                if kernel is not None:
+                    old = last_kernel[row]
+                    if old != kernel:
+                        if old is not None:
+                            kchanges.append((row, rec.ts, old, kernel))
+                        last_kernel[row] = kernel
+            n = len(rec.layers)
+            lts.extend([rec.ts] * n)
+            lpeak.extend([dev.peak] * n)
             if not any_flops:
                 # An exporter that knows only device counters sends one layer "all".
                 alls = [la.flops for la in rec.layers if la.type == "all" and la.flops is not None]

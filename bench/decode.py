@@ -1,0 +1,134 @@
+"""Decode and end-to-end throughput: records/s through the decoder, the pipeline and a broker.
+
+    python bench/decode.py --json out/bench/decode.json [--records 50000] [--no-broker]
+
+Records carry 6 layer types each (contract §1 shape, all optional fields set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from factories import T0, msg, window  # noqa: E402
+
+from monitor.app import Runner  # noqa: E402
+from monitor.config import KafkaSettings, Settings, Topics  # noqa: E402
+from monitor.embedded import EmbeddedBroker, ensure_topics  # noqa: E402
+from monitor.pipeline import Pipeline  # noqa: E402
+from monitor.sources.kafka import KafkaSource  # noqa: E402
+from monitor.wire import Codec  # noqa: E402
+
+LAYERS = ("attention", "mlp", "embedding", "norm", "softmax", "allreduce")
+
+
+def records(n: int, devices: int) -> list[bytes]:
+    """n encoded window records over `devices` devices, 6 layers each, in time order."""
+    out = []
+    for i in range(n):
+        w, d = divmod(i, devices)
+        rec = window(f"node-{d // 8:04d}/gpu{d % 8}", T0 + 10.0 * (w + 1),
+                     ingress={"req_rate": 200.0, "queue_depth": 3, "queue_wait_ms": 2.0,
+                              "batch": 32},
+                     slo={"lat_p50_ms": 40.0, "lat_p95_ms": 70.0, "lat_p99_ms": 110.0,
+                          "quality": 0.999, "errors": 0})  # fmt: skip
+        base = rec["layers"][0]
+        rec["layers"] = [dict(base, type=t, occupancy=0.6, bytes_hbm=1e12, sram_hit=0.8,
+                              spill_bytes=0.0, sync_wait_s=0.1) for t in LAYERS]  # fmt: skip
+        out.append(json.dumps(rec).encode())
+    return out
+
+
+def bench_decode(data: list[bytes]) -> float:
+    """Validated decodes per second."""
+    codec = Codec()
+    t = time.perf_counter()
+    for b in data:
+        codec.decode_window(b)
+    return len(data) / (time.perf_counter() - t)
+
+
+def bench_pipeline(data: list[bytes], batch: int = 5000) -> float:
+    """Records per second through decode, stream table, detectors and correlator."""
+    p = Pipeline(Settings())
+    msgs = [msg(b) for b in data]
+    t = time.perf_counter()
+    for i in range(0, len(msgs), batch):
+        p.process(msgs[i : i + batch])
+    return len(msgs) / (time.perf_counter() - t)
+
+
+async def bench_broker(data: list[bytes]) -> tuple[float, float]:
+    """(produce records/s, consume+process records/s) through a real Tansu broker."""
+    from aiokafka import AIOKafkaProducer  # noqa: PLC0415
+
+    async with EmbeddedBroker() as broker:
+        run = uuid.uuid4().hex[:6]
+        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, group_id=f"b-{run}",
+                              topics=Topics(samples=f"s-{run}", changes=f"c-{run}"),
+                              poll_timeout_ms=300)  # fmt: skip
+        await ensure_topics(kafka)
+        prod = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=20,
+                                max_batch_size=1 << 20)  # fmt: skip
+        await prod.start()
+        t = time.perf_counter()
+        for b in data:
+            await prod.send(kafka.topics.samples, key=b[-20:], value=b)
+        await prod.flush()
+        produce_rate = len(data) / (time.perf_counter() - t)
+        await prod.stop()
+        source = KafkaSource(kafka)
+        await source.start()
+        pipeline = Pipeline(Settings(kafka=kafka))
+        seen = 0
+
+        def caught_up() -> bool:
+            return pipeline.counters["records_in"] + pipeline.counters["records_rejected"] >= seen
+
+        seen = len(data)
+        runner = Runner(source, pipeline, [], stop_when_idle=caught_up)
+        t = time.perf_counter()
+        await runner.run()
+        consume_rate = pipeline.counters["records_in"] / (time.perf_counter() - t)
+        await source.close()
+        return produce_rate, consume_rate
+
+
+def main() -> int:
+    """Run the benchmarks, print a table, optionally write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--records", type=int, default=50_000)
+    ap.add_argument("--devices", type=int, default=1000)
+    ap.add_argument("--no-broker", action="store_true")
+    args = ap.parse_args()
+    data = records(args.records, args.devices)
+    result = {
+        "records": args.records,
+        "layers_per_record": len(LAYERS),
+        "decode_records_per_s": round(bench_decode(data)),
+        "pipeline_records_per_s": round(bench_pipeline(data)),
+    }
+    if not args.no_broker:
+        prod, cons = asyncio.run(bench_broker(data))
+        result["broker_produce_records_per_s"] = round(prod)
+        result["e2e_broker_records_per_s"] = round(cons)
+    width = max(map(len, result))
+    print(f"{'metric':<{width}}  value")
+    for k, v in result.items():
+        print(f"{k:<{width}}  {v:>12,}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""The `flopwatch` command: misuse is one line on stderr and exit 2; replay is deterministic."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from factories import fleet
+
+from monitor.cli import main
+
+
+def _flopwatch(*args: str, stdin: str | None = None, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "monitor", *args], capture_output=True, text=True, input=stdin,
+        timeout=120, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["replay", "/nonexistent/rec.jsonl"], "recording not found"),
+        (["replay"], "the following arguments are required: file"),
+        (["frobnicate"], "invalid choice"),
+        (["replay", "x.jsonl", "--bogus"], "unrecognized arguments"),
+        (["up", "--scenario", "no_such_scenario"], "unknown scenario"),
+        (["up", "--speed", "fast"], "invalid speed"),
+        (["up", "--duration", "0s"], "duration must be > 0"),
+        (["record", "--out", "x.txt"], "error"),
+        (["config", "--config", "/nonexistent.toml"], "config file not found"),
+        (["run"], "no Kafka configured"),
+    ],
+)
+def test_misuse_is_one_line_exit_2(args: list[str], needle: str, capsys) -> None:
+    """Each misuse prints exactly one line on stderr and exits with code 2."""
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err
+    assert err.startswith("flopwatch")
+
+
+def test_bad_config_value_is_one_line(tmp_path: Path, capsys) -> None:
+    """A TOML file with an invalid value is rejected in one line naming the field."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[detector]\nh = -1\n")
+    assert main(["config", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "detector.h" in err
+
+
+def test_config_masks_secrets_and_reads_env(tmp_path: Path) -> None:
+    """`flopwatch config` shows env and TOML settings, with secrets masked."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[kafka]\ngroup_id = "from-file"\n[detector]\nh = 9.5\n')
+    import os  # noqa: PLC0415
+
+    env = {**os.environ, "FLOPWATCH_KAFKA__SASL_PLAIN_PASSWORD": "hunter2",
+           "FLOPWATCH_DETECTOR__H": "12"}  # fmt: skip
+    out = _flopwatch("config", "--config", str(cfg), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "hunter2" not in out.stdout
+    data = json.loads(out.stdout)
+    assert data["kafka"]["sasl_plain_password"] == "**********"
+    assert data["kafka"]["group_id"] == "from-file"
+    assert data["detector"]["h"] == 12.0  # env wins over file
+
+
+def test_schema_prints_all_records() -> None:
+    """`flopwatch schema` prints valid JSON Schemas for the three records."""
+    out = _flopwatch("schema")
+    assert out.returncode == 0
+    assert set(json.loads(out.stdout)) == {"window_record", "change_event", "alert"}
+
+
+def _write_recording(path: Path, bad_lines: bool = True) -> None:
+    with gzip.open(path, "wb") as f:
+        for i, batch in enumerate(fleet(80, regress_at=45, change_at=44)):
+            for m in batch:
+                f.write(m.value + b"\n")
+            if bad_lines and i == 5:
+                f.write(b'{"v":1,"ts":"yesterday","window_s":10,"device":"d","layers":[]}\n')
+                f.write(b"garbage\n\n")
+
+
+def test_replay_is_deterministic_and_reports(tmp_path: Path) -> None:
+    """Two replays of one recording give byte-identical alert JSONL; the summary counts input."""
+    rec = tmp_path / "rec.jsonl.gz"
+    _write_recording(rec)
+    first = _flopwatch("replay", str(rec))
+    second = _flopwatch("replay", str(rec), "--alerts-out", str(tmp_path / "a.jsonl"))
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    assert first.stdout.encode() == (tmp_path / "a.jsonl").read_bytes()
+    alerts = [json.loads(line) for line in first.stdout.splitlines()]
+    assert alerts
+    assert {a["id"] for a in alerts} == {alerts[0]["id"]}
+    assert alerts[0]["suggestion"]["change_id"] == "chg-1"
+    summary = first.stderr.strip().splitlines()[-1]
+    assert "2560 window records used" in summary
+    assert "1 change events" in summary
+    assert "2 rejected" in summary
+
+
+def test_replay_dead_letters_file(tmp_path: Path) -> None:
+    """--dead-letters writes each rejected line with its line number and reason."""
+    rec = tmp_path / "rec.jsonl.gz"
+    _write_recording(rec)
+    dl = tmp_path / "dead.jsonl"
+    out = _flopwatch("replay", str(rec), "--dead-letters", str(dl), "--alerts-out",
+                     str(tmp_path / "a.jsonl"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    dead = [json.loads(line) for line in dl.read_text().splitlines()]
+    assert [d["reason"].split(":")[0] for d in dead] == ["ts", "malformed JSON"]
+    assert dead[0]["line"] == 6 * 32 + 1  # six windows of 32 devices, then the bad line
