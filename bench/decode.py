@@ -17,14 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from factories import T0, msg, window  # noqa: E402
+from factories import T0, msg, window
 
-from monitor.app import Runner  # noqa: E402
-from monitor.config import KafkaSettings, Settings, Topics  # noqa: E402
-from monitor.embedded import EmbeddedBroker, ensure_topics  # noqa: E402
-from monitor.pipeline import Pipeline  # noqa: E402
-from monitor.sources.kafka import KafkaSource  # noqa: E402
-from monitor.wire import Codec  # noqa: E402
+from monitor.app import Runner
+from monitor.config import KafkaSettings, Settings, Topics
+from monitor.embedded import EmbeddedBroker, ensure_topics
+from monitor.pipeline import Pipeline
+from monitor.sources.kafka import KafkaSource
+from monitor.wire import Codec
 
 LAYERS = ("attention", "mlp", "embedding", "norm", "softmax", "allreduce")
 
