@@ -58,6 +58,7 @@ class Incident:
     emitted_devices: int = 0
     emitted_level: str = ""
     healthy_windows: int = 0
+    observed_ts: float = 0.0  # recovery is judged only on windows after this
     last_ts: float = 0.0
 
     @property

@@ -91,8 +91,10 @@ class AlertLifecycle:
             sums = np.bincount(inv[ok], weights=v[ok], minlength=win_ts.size)
             counts = np.bincount(inv[ok], minlength=win_ts.size)
             for t, s_, c in zip(win_ts, sums, counts, strict=True):
-                if c == 0:
+                # A batch can reach back before the detection: judge only later windows.
+                if c == 0 or t <= max(inc.observed_ts, inc.detected_ts):
                     continue
+                inc.observed_ts = float(t)
                 level = s_ / c
                 healthy = (level - before) * sign <= self.s.resolve_tolerance * abs(before)
                 inc.healthy_windows = inc.healthy_windows + 1 if healthy else 0

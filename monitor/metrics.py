@@ -47,6 +47,14 @@ BAD_DIRECTION: dict[str, int] = {
     "req_rate": 0, "batch": 0, "kernel": +1,
 }  # fmt: skip
 
+# Smallest absolute shift worth reporting, per metric: a 20% change of an all-reduce's
+# 0.0001 MFU is statistically real and operationally meaningless.
+MIN_ABS_CHANGE: dict[str, float] = {
+    "mfu": 0.01, "device_mfu": 0.01, "stall_frac": 0.01, "sync_frac": 0.01,
+    "occupancy": 0.01, "sram_hit": 0.01, "spill_frac": 0.005, "fallback_frac": 0.01,
+    "quality": 0.001,
+}  # fmt: skip
+
 # Layer columns fed in, in this order, by the stream table.
 LAYER_INPUTS: tuple[str, ...] = (
     "flops", "busy_s", "cycles", "stall_mem_cycles", "occupancy", "bytes_hbm",

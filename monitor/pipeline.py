@@ -21,7 +21,10 @@ from monitor.detect.base import Detections, Detector
 from monitor.detect.cusum import Cusum
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.lifecycle import AlertLifecycle
-from monitor.metrics import DEVICE_METRICS, LAYER_METRICS, STAGE_OF
+from monitor.metrics import DEVICE_METRICS, LAYER_METRICS, MIN_ABS_CHANGE, STAGE_OF
+
+_LAYER_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in LAYER_METRICS])
+_DEVICE_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in DEVICE_METRICS])
 from monitor.sources.base import RawMessage
 from monitor.stream_table import Frame, StreamTable
 from monitor.wire import Alert, Codec, DecodeError, WindowRecord
@@ -191,8 +194,11 @@ class Pipeline:
 
     def _points(self, table: StreamTable, det: Detections, *, layer: bool) -> list[ChangePoint]:
         names = LAYER_METRICS if layer else DEVICE_METRICS
+        floor = (_LAYER_MIN_ABS if layer else _DEVICE_MIN_ABS)[det.cols]
+        material = np.abs(det.after - det.before) >= floor
+        self.counters["change_points_immaterial"] += int((~material).sum())
         out: list[ChangePoint] = []
-        for i in range(len(det)):
+        for i in np.flatnonzero(material):
             row = int(det.rows[i])
             if layer:
                 name, layer_type = table.device_of_layer_row(row)

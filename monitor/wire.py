@@ -126,15 +126,15 @@ STAGES: tuple[Stage, ...] = (
 )  # fmt: skip
 
 
-class AlertScope(msgspec.Struct, frozen=True):
+class AlertScope(msgspec.Struct, frozen=True, kw_only=True):
     """Where an incident is: the widest fitting level and the devices it covers."""
 
     level: Literal["device", "host", "pool", "fleet"]
-    device_count: int
     pool: str | None = None
     model: str | None = None
     hosts: list[str] = msgspec.field(default_factory=list)
-    devices: list[str] = msgspec.field(default_factory=list)
+    devices: list[str] = msgspec.field(default_factory=list)  # may be truncated
+    device_count: int  # always exact
 
 
 class Evidence(msgspec.Struct, frozen=True):

@@ -49,26 +49,34 @@ def clipped_second_moment(c: float) -> float:
     return (1.0 - tail) - 2.0 * c * pdf + c * c * tail
 
 
+def _cells_of(sel: slice | I64) -> I64:
+    """Cell ids selected by a contiguous slice or an index array."""
+    if isinstance(sel, slice):
+        return np.arange(sel.start, sel.stop, dtype=np.int64)
+    return sel
+
+
 class BankCusum:
     """Bank of one-sided CUSUMs with a robust, lagged, AR(1)-whitened front-end.
 
-    `h` is the decision threshold in log-likelihood-ratio units; shift sizes and
-    `clip` are in robust innovation sigmas.
+    `h` is the decision threshold in log-likelihood-ratio units; shift sizes,
+    `clip` and the scale are in robust innovation sigmas.
     """
 
     kind: ClassVar[str] = "bank"
 
-    # Per-cell scalar state (flat over cells = row * K + col).
+    # Per-cell scalar state, flat over cells (cell = row * n_metrics + column).
     _SCALARS: ClassVar[dict[str, type[np.generic]]] = {
-        "n": np.int32,  # samples since (re)start, drives burn-in and youth
-        "nb": np.int32,  # samples folded into the lagged baseline (saturating)
+        "n": np.int32,  # samples since (re)start: burn-in and youth
+        "nb": np.int32,  # samples in the level estimate (saturating)
+        "ns": np.int32,  # samples in the scale / AR estimates (saturating, kept on re-baseline)
         "pos": np.int32,  # next ring slot
         "mu": np.float64,  # baseline level
-        "s2": np.float64,  # EW clipped second moment of the innovations
-        "c0": np.float64,  # EW lag-0 autocovariance of baseline deviations
+        "sig": np.float64,  # innovation scale; 0 = never baselined
+        "phi": np.float64,  # AR(1) coefficient in use (estimate + bias + margin)
+        "c0": np.float64,  # EW lag-0 autocovariance of lagged deviations (sigma units)
         "c1": np.float64,  # EW lag-1 autocovariance
-        "phi": np.float64,  # AR(1) coefficient in use
-        "dprev": np.float64,  # previous (clipped) deviation, for whitening
+        "dprev": np.float64,  # previous deviation (sigma units, clipped), for whitening
         "lprev": np.float64,  # previous lagged deviation, for the AR estimate
     }
 
@@ -78,16 +86,18 @@ class BankCusum:
         *,
         h: float = 14.0,
         min_shift: float = 0.5,
-        max_shift: float = 3.0,
-        n_shifts: int = 4,
+        max_shift: float = 2.0,
+        n_shifts: int = 3,
         burn_in: int = 32,
         history: int = 32,
         clip: float = 3.0,
         youth: float = 8.0,
+        maturity: float = 32.0,
         baseline_window: int = 512,
         scale_window: int = 1024,
-        ar_window: int = 1024,
+        ar_window: int = 4096,
         ar_max: float = 0.8,
+        ar_margin: float = 1.0,
         rel_floor: float = 1e-3,
         abs_floor: float = 1e-9,
         min_rel_change: float = 0.03,
@@ -101,28 +111,42 @@ class BankCusum:
             raise ValueError("3 <= burn_in <= history required")
         if min(baseline_window, scale_window, ar_window) < 1 or not 0 <= ar_max < 1:
             raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
-        if youth < 0 or rel_floor < 0 or abs_floor <= 0 or min_rel_change < 0:
-            raise ValueError("youth, rel_floor, min_rel_change >= 0 and abs_floor > 0 required")
+        if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
+            raise ValueError("youth, maturity, ar_margin, rel_floor, min_rel_change >= 0 required")
         self.n_metrics = int(n_metrics)
         self.h = float(h)
-        self.min_shift, self.max_shift, self.n_shifts = float(min_shift), float(max_shift), int(n_shifts)
+        self.min_shift, self.max_shift = float(min_shift), float(max_shift)
+        self.n_shifts = int(n_shifts)
         self.burn_in, self.history = int(burn_in), int(history)
-        self.clip, self.youth = float(clip), float(youth)
+        self.clip, self.youth, self.maturity = float(clip), float(youth), float(maturity)
         self.baseline_window, self.scale_window = int(baseline_window), int(scale_window)
-        self.ar_window, self.ar_max = int(ar_window), float(ar_max)
+        self.ar_window, self.ar_max, self.ar_margin = (
+            int(ar_window),
+            float(ar_max),
+            float(ar_margin),
+        )
         self.rel_floor, self.abs_floor = float(rel_floor), float(abs_floor)
         self.min_rel_change = float(min_rel_change)
-        if n_shifts == 1:
-            self.shifts = np.array([min_shift])
+        if self.n_shifts == 1:
+            self.shifts = np.array([self.min_shift])
         else:
-            self.shifts = np.geomspace(min_shift, max_shift, n_shifts)
+            self.shifts = np.geomspace(self.min_shift, self.max_shift, self.n_shifts)
+        # A member for shift delta only votes once its level rests on maturity/delta² samples:
+        # a small-delta CUSUM is only as good as the baseline it measures against.
+        self._mature_at = np.ceil(self.maturity / self.shifts**2).astype(np.int32)
         self._kappa = clipped_second_moment(self.clip)
-        self._nb_max = max(baseline_window, scale_window, ar_window)
+        self._dclip = self.clip * (1.0 + self.ar_max)  # bound on deviations, sigma units
+        self._ns_max = max(self.scale_window, self.ar_window)
+        self._youth_until = math.ceil(32.0 * self.youth)  # youth shrink below 3% ends here
+        cnt = np.maximum(np.arange(self._ns_max + 1, dtype=np.float64), 1.0)
+        self._inv_n = 1.0 / cnt
+        self._ar_pad = self.ar_margin / np.sqrt(cnt)
+        self._zeros32 = np.zeros(0, dtype=np.float32)
         self._cap = 0  # rows
         self._s: dict[str, np.ndarray] = {}
         self._bank = np.zeros((2 * self.n_shifts, 0), dtype=np.float32)
-        self._ring = np.zeros((0, self.history), dtype=np.float32)
-        self._tring = np.zeros((0, self.history), dtype=np.float64)
+        self._ring = np.zeros((self.history, 0), dtype=np.float32)
+        self._tring = np.zeros((self.history, 0), dtype=np.float64)
         self._grow(max(int(capacity), 1))
 
     # -- parameters and state ------------------------------------------------
@@ -131,9 +155,10 @@ class BankCusum:
         return {
             "h": self.h, "min_shift": self.min_shift, "max_shift": self.max_shift,
             "n_shifts": self.n_shifts, "burn_in": self.burn_in, "history": self.history,
-            "clip": self.clip, "youth": self.youth, "baseline_window": self.baseline_window,
-            "scale_window": self.scale_window, "ar_window": self.ar_window,
-            "ar_max": self.ar_max, "rel_floor": self.rel_floor, "abs_floor": self.abs_floor,
+            "clip": self.clip, "youth": self.youth, "maturity": self.maturity,
+            "baseline_window": self.baseline_window, "scale_window": self.scale_window,
+            "ar_window": self.ar_window, "ar_max": self.ar_max, "ar_margin": self.ar_margin,
+            "rel_floor": self.rel_floor, "abs_floor": self.abs_floor,
             "min_rel_change": self.min_rel_change,
         }  # fmt: skip
 
@@ -142,29 +167,27 @@ class BankCusum:
         """Number of stream slots (rows) currently allocated."""
         return self._cap
 
-    @classmethod
-    def state_bytes_per_cell(cls, n_shifts: int = 4, history: int = 32) -> int:
+    def state_bytes_per_cell(self) -> int:
         """Bytes of state one (stream, metric) cell occupies."""
-        scalars = sum(np.dtype(t).itemsize for t in cls._SCALARS.values())
-        return scalars + 2 * n_shifts * 4 + history * (4 + 8)
+        scalars = sum(np.dtype(t).itemsize for t in self._SCALARS.values())
+        return scalars + 2 * self.n_shifts * 4 + self.history * (4 + 8)
 
     def _grow(self, need_rows: int) -> None:
         if need_rows <= self._cap:
             return
         cap = max(need_rows, 2 * self._cap)
-        old_cells, cells = self._cap * self.n_metrics, cap * self.n_metrics
+        old, cells = self._cap * self.n_metrics, cap * self.n_metrics
         s: dict[str, np.ndarray] = {}
         for name, dt in self._SCALARS.items():
             arr = np.zeros(cells, dtype=dt)
-            if old_cells:
-                arr[:old_cells] = self._s[name]
+            arr[:old] = self._s[name] if old else 0
             s[name] = arr
         bank = np.zeros((2 * self.n_shifts, cells), dtype=np.float32)
-        bank[:, :old_cells] = self._bank
-        ring = np.full((cells, self.history), np.nan, dtype=np.float32)
-        ring[:old_cells] = self._ring
-        tring = np.full((cells, self.history), np.nan, dtype=np.float64)
-        tring[:old_cells] = self._tring
+        bank[:, :old] = self._bank
+        ring = np.full((self.history, cells), np.nan, dtype=np.float32)
+        ring[:, :old] = self._ring
+        tring = np.full((self.history, cells), np.nan, dtype=np.float64)
+        tring[:, :old] = self._tring
         self._s, self._bank, self._ring, self._tring, self._cap = s, bank, ring, tring, cap
 
     def forget(self, rows: I64) -> None:
@@ -177,8 +200,8 @@ class BankCusum:
         for arr in self._s.values():
             arr[cells] = 0
         self._bank[:, cells] = 0.0
-        self._ring[cells] = np.nan
-        self._tring[cells] = np.nan
+        self._ring[:, cells] = np.nan
+        self._tring[:, cells] = np.nan
 
     def snapshot(self) -> bytes:
         """All state and parameters as deterministic bytes."""
@@ -209,180 +232,242 @@ class BankCusum:
         ts = np.asarray(ts, dtype=np.float64)
         values = np.asarray(values, dtype=np.float64).reshape(n, k)
         lo = int(rows[0])
-        if lo < 0 or int(rows.min()) < 0:
+        if int(rows.min()) < 0:
             raise ValueError("row ids must be >= 0")
         self._grow(int(rows.max()) + 1)
         fin = np.isfinite(values)
         contiguous = int(rows[-1]) - lo + 1 == n and (n == 1 or bool(np.all(np.diff(rows) == 1)))
         if contiguous and bool(fin.all()):
-            # The common dense wave: every stream reported. Slices, no gathers.
+            # The common dense wave: every stream reported. Slices: views, no gathers.
             sel: slice | I64 = slice(lo * k, (lo + n) * k)
             x = values.reshape(-1)
             t = ts if k == 1 else np.repeat(ts, k)
         else:
-            cells = rows[:, None] * k + np.arange(k)
-            sel = cells[fin]
-            x = values[fin]
-            t = np.broadcast_to(ts[:, None], (n, k))[fin]
+            sel = (rows[:, None] * k + np.arange(k))[fin]
             if sel.size == 0:
                 return Detections.empty()
+            x = values[fin]
+            t = np.broadcast_to(ts[:, None], (n, k))[fin]
         return self._step(sel, x, t)
 
     def _step(self, sel: slice | I64, x: F64, t: F64) -> Detections:
+        """Ring bookkeeping and burn-in for the cells of one wave; the rest in `_active`."""
         s, hist = self._s, self.history
-        if isinstance(sel, slice):
-            cells = None
-            n_old = s["n"][sel]
-            pos = s["pos"][sel]
-            base = np.arange(sel.start, sel.stop, dtype=np.int64) * hist
-        else:
-            cells = sel
-            n_old = s["n"][cells]
-            pos = s["pos"][cells]
-            base = cells * hist
-        # Ring: read the sample leaving it (the lagged baseline's input), write the new one.
-        slot = base + pos
-        ring_flat, tring_flat = self._ring.reshape(-1), self._tring.reshape(-1)
-        xl = ring_flat[slot].astype(np.float64)
-        ring_flat[slot] = x
-        tring_flat[slot] = t
-        pos = pos + 1
-        pos[pos == hist] = 0
-        n_new = np.minimum(n_old + 1, _N_MAX).astype(np.int32)
-        s["pos"][sel] = pos
+        n_new = s["n"][sel] + 1
+        if int(n_new.max()) > _N_MAX:
+            np.minimum(n_new, _N_MAX, out=n_new)
         s["n"][sel] = n_new
-
-        burning = n_new <= self.burn_in
-        if not burning.any():
+        pos = s["pos"][sel]
+        p0 = int(pos[0])
+        if isinstance(sel, slice) and bool((pos == p0).all()):
+            # Cells in lockstep: the ring slot is one row slice.
+            xl = self._ring[p0, sel].astype(np.float64)
+            self._ring[p0, sel] = x
+            self._tring[p0, sel] = t
+            s["pos"][sel] = (p0 + 1) % hist
+        else:
+            flat = pos.astype(np.int64) * self._ring.shape[1] + _cells_of(sel)
+            ring, tring = self._ring.reshape(-1), self._tring.reshape(-1)
+            xl = ring[flat].astype(np.float64)
+            ring[flat] = x
+            tring[flat] = t
+            pos = pos + 1
+            pos[pos == hist] = 0
+            s["pos"][sel] = pos
+        if int(n_new.min()) > self.burn_in:
             return self._active(sel, x, t, xl, n_new)
-        all_cells = np.arange(sel.start, sel.stop, dtype=np.int64) if cells is None else cells
+        burning = n_new <= self.burn_in
+        cells = _cells_of(sel)
         done = n_new == self.burn_in
         if done.any():
-            self._baseline(all_cells[done], fresh=True)
+            self._baseline(cells[done])
         act = ~burning
         if not act.any():
             return Detections.empty()
-        return self._active(all_cells[act], x[act], t[act], xl[act], n_new[act])
+        return self._active(cells[act], x[act], t[act], xl[act], n_new[act])
 
-    def _active(self, sel: slice | I64, x: F64, t: F64, xl: F64, n: npt.NDArray[np.int32]) -> Detections:
-        s, c = self._s, self.clip
-        mu, s2, phi = s["mu"][sel], s["s2"][sel], s["phi"][sel]
-        sig = np.sqrt(s2 * (1.0 / self._kappa))
-        np.maximum(sig, np.maximum(self.rel_floor * np.abs(mu), self.abs_floor), out=sig)
-        # Level-scale bound for clipping deviations: the stationary AR(1) sd.
-        sx = sig / np.sqrt(1.0 - phi * phi)
-        d = x - mu
-        e = d - phi * s["dprev"][sel]
-        z = e / sig
+    def _active(
+        self, sel: slice | I64, x: F64, t: F64, xl: F64, n: npt.NDArray[np.int32]
+    ) -> Detections:
+        """Front-end, bank and lagged baseline for baselined cells (views when `sel` is a slice)."""
+        s, c, size = self._s, self.clip, x.size
+        dense = isinstance(sel, slice)
+        if self._zeros32.size < size:
+            self._zeros32 = np.zeros(size, dtype=np.float32)
+        zeros = self._zeros32[:size]
+        mu, sig, phi = s["mu"][sel], s["sig"][sel], s["phi"][sel]
+        dprev, lprev = s["dprev"][sel], s["lprev"][sel]
+
+        # Front-end: AR(1)-whitened, clipped innovation in sigma units.
+        dz = x - mu
+        dz /= sig
+        z = phi * dprev
+        np.subtract(dz, z, out=z)
         np.clip(z, -c, c, out=z)
-        if self.youth > 0:
+        np.clip(dz, -self._dclip, self._dclip, out=dz)
+        if self.youth > 0 and int(n.min()) < self._youth_until:
+            # A young baseline is uncertain: shrink the evidence until it matures.
             nf = n.astype(np.float64)
-            z *= nf / (nf + self.youth)
-        s["dprev"][sel] = np.clip(d, -c * sx, c * sx)
-
-        # Bank update, float32: the statistics need no more precision.
+            u = np.clip(1.0 - self.youth / nf, 0.0, 1.0)
+            u[n >= self._youth_until] = 1.0
+            z *= u
         z32 = z.astype(np.float32)
-        bank = self._bank[:, sel]
-        stat = np.zeros(z32.shape, dtype=np.float32)
+
+        # Bank, float32: the statistics need no more precision.
+        bank = self._bank[:, sel]  # a view for a slice, a copy for an index array
+        nb = s["nb"][sel]
+        nb_min = int(nb.min())
+        fire = False
+        h32 = np.float32(self.h)
         for j, dj in enumerate(self.shifts):
-            a = z32 * np.float32(dj)
             half = np.float32(0.5 * dj * dj)
-            up = bank[2 * j]
+            up, dn = bank[2 * j], bank[2 * j + 1]
+            a = z32 * np.float32(dj)
+            a -= half  # delta*z - delta²/2: the log-likelihood ratio of one sample
             up += a
-            up -= half
-            np.maximum(up, 0.0, out=up)
-            dn = bank[2 * j + 1]
+            np.maximum(up, zeros, out=up)
+            a += 2 * half
             dn -= a
-            dn -= half
-            np.maximum(dn, 0.0, out=dn)
-            np.maximum(stat, up, out=stat)
-            np.maximum(stat, dn, out=stat)
-        self._bank[:, sel] = bank
+            np.maximum(dn, zeros, out=dn)
+            if nb_min < self._mature_at[j]:
+                ripe = nb >= self._mature_at[j]
+                up *= ripe
+                dn *= ripe
+            fire = fire or bool(up.max() > h32) or bool(dn.max() > h32)
+        if not dense:
+            self._bank[:, sel] = bank
 
         # Lagged baseline: fold in the sample that just left the ring, if any.
         w = np.isfinite(xl)
-        nb = s["nb"][sel]
-        cnt = np.minimum(nb + w, self._nb_max)
-        cntf = np.maximum(cnt, 1).astype(np.float64)
-        wf = w.astype(np.float64)
-        dl = np.where(w, xl - mu, 0.0)
-        np.clip(dl, -c * sx, c * sx, out=dl)
-        lprev = s["lprev"][sel]
-        a_b = wf / np.minimum(cntf, self.baseline_window)
-        s["mu"][sel] = mu + a_b * dl
-        el = dl - phi * lprev
-        a_s = wf / np.minimum(cntf, self.scale_window)
-        bound = c * sig
-        s["s2"][sel] = s2 + a_s * (np.minimum(el * el, bound * bound) - s2)
-        a_p = wf / np.minimum(cntf, self.ar_window)
-        c0 = s["c0"][sel]
-        c0 = c0 + a_p * (dl * dl - c0)
-        c1 = s["c1"][sel]
-        c1 = c1 + a_p * (dl * lprev - c1)
-        s["c0"][sel], s["c1"][sel] = c0, c1
-        s["phi"][sel] = np.clip(c1 / np.maximum(c0, 1e-300), 0.0, self.ar_max)
-        s["lprev"][sel] = np.where(w, dl, lprev)
-        s["nb"][sel] = cnt
+        all_w = bool(w.all())
+        rl = xl - mu
+        if not all_w:
+            rl[~w] = 0.0
+        rl /= sig
+        np.clip(rl, -self._dclip, self._dclip, out=rl)
+        ns = s["ns"][sel]
+        if all_w and nb_min >= self.baseline_window:
+            a_b: F64 | float = 1.0 / self.baseline_window
+        else:
+            nb = np.minimum(nb + w, self.baseline_window).astype(np.int32)
+            s["nb"][sel] = nb
+            a_b = self._inv_n[nb] * w
+        ns_sat = all_w and int(ns.min()) >= self._ns_max
+        if ns_sat:
+            a_s: F64 | float = 1.0 / self.scale_window
+            a_p: F64 | float = 1.0 / self.ar_window
+        else:
+            ns = np.minimum(ns + w, self._ns_max).astype(np.int32)
+            s["ns"][sel] = ns
+            a_s = self._inv_n[np.minimum(ns, self.scale_window)] * w
+            a_p = self._inv_n[np.minimum(ns, self.ar_window)] * w
+        step = rl * sig
+        step *= a_b
+        mu += step
+        # Scale: stochastic approximation to the Huber proposal-2 fixed point
+        # E[min(e², c²)] = kappa, multiplicative so sigma stays positive.
+        el = phi * lprev
+        np.subtract(rl, el, out=el)
+        el *= el
+        np.minimum(el, c * c, out=el)
+        el *= 0.5 / self._kappa
+        el -= 0.5
+        el *= a_s
+        el += 1.0
+        sig *= el
+        floor = np.abs(mu)
+        floor *= self.rel_floor
+        np.maximum(floor, self.abs_floor, out=floor)
+        np.maximum(sig, floor, out=sig)
+        # AR(1): EW lag-0/lag-1 autocovariances of the lagged deviations.
+        c0, c1 = s["c0"][sel], s["c1"][sel]
+        tmp = rl * rl
+        tmp -= c0
+        tmp *= a_p
+        c0 += tmp
+        tmp = rl * lprev
+        tmp -= c1
+        tmp *= a_p
+        c1 += tmp
+        est = c1 / (c0 + 1e-12)
+        # Use an upper confidence bound on phi: over-whitening costs a little power,
+        # under-whitening costs false alarms (the estimate is also biased low).
+        if ns_sat:
+            n_ar = float(self.ar_window)
+            est *= 1.0 + 3.0 / n_ar
+            est += 1.0 / n_ar + self.ar_margin / math.sqrt(n_ar)
+        else:
+            n_ar_i = np.minimum(ns, self.ar_window)
+            inv = self._inv_n[n_ar_i]
+            est += (1.0 + 3.0 * est) * inv + self._ar_pad[n_ar_i]
+        np.clip(est, 0.0, self.ar_max, out=est)
+        if all_w:
+            lprev_new: F64 = rl
+        else:
+            lprev_new = np.where(w, rl, lprev)
+        if dense:
+            phi[...] = est
+            lprev[...] = lprev_new
+            dprev[...] = dz
+        else:
+            s["mu"][sel], s["sig"][sel], s["phi"][sel] = mu, sig, est
+            s["c0"][sel], s["c1"][sel] = c0, c1
+            s["dprev"][sel], s["lprev"][sel] = dz, lprev_new
 
-        hit = stat > np.float32(self.h)
-        if not hit.any():
+        if not fire:
             return Detections.empty()
-        idx = np.flatnonzero(hit)
-        cells = (np.arange(sel.start, sel.stop, dtype=np.int64) if isinstance(sel, slice) else sel)[idx]
-        return self._alarm(cells, t[idx], stat[idx].astype(np.float64))
+        stat = bank.max(axis=0)
+        idx = np.flatnonzero(stat > h32)
+        return self._alarm(_cells_of(sel)[idx], t[idx], stat[idx].astype(np.float64))
 
     # -- rare paths: alarms and baselines --------------------------------------------
     def _chrono(self, cells: I64) -> tuple[F64, F64]:
-        """Ring values and times of `cells`, oldest first."""
+        """Ring values and times of `cells`, oldest first, one row per cell."""
         order = (self._s["pos"][cells, None] + np.arange(self.history)) % self.history
-        vals = np.take_along_axis(self._ring[cells], order, axis=1).astype(np.float64)
-        times = np.take_along_axis(self._tring[cells], order, axis=1)
+        vals = np.take_along_axis(self._ring[:, cells].T, order, axis=1).astype(np.float64)
+        times = np.take_along_axis(self._tring[:, cells].T, order, axis=1)
         return vals, times
 
     def _alarm(self, cells: I64, t: F64, stat: F64) -> Detections:
-        s, k = self._s, self.n_metrics
+        s, k, hist = self._s, self.n_metrics, self.history
         vals, times = self._chrono(cells)
         mu = s["mu"][cells]
         fin = np.isfinite(vals)
-        d = np.where(fin, vals - mu[:, None], 0.0)
-        # Direction: the side of the bank that fired.
         bank = self._bank[:, cells]
-        up = bank[0::2].max(axis=0) >= bank[1::2].max(axis=0)
-        sign = np.where(up, 1.0, -1.0)
-        # Onset: maximum-likelihood split against the known baseline level,
-        # argmax over suffixes of (signed suffix sum)_+² / suffix count.
-        suf = np.cumsum((d * sign[:, None])[:, ::-1], axis=1)[:, ::-1]
+        sign = np.where(bank[0::2].max(axis=0) >= bank[1::2].max(axis=0), 1.0, -1.0)
+        # Onset: maximum-likelihood split against the known baseline level, i.e. the
+        # suffix maximising (signed suffix sum)² / suffix length.
+        d = np.where(fin, (vals - mu[:, None]) * sign[:, None], 0.0)
+        suf = np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
         cnt = np.cumsum(fin[:, ::-1], axis=1)[:, ::-1]
         gain = np.where(fin & (suf > 0), suf * suf / np.maximum(cnt, 1), -1.0)
-        first = gain.argmax(axis=1)  # first post-change slot
+        first = gain.argmax(axis=1)  # chronological index of the first post-change sample
         rix = np.arange(cells.size)
-        prev = np.maximum(first - 1, 0)
-        onset = np.where(first > 0, times[rix, prev], times[rix, first])
-        onset = np.where(np.isfinite(onset), onset, times[rix, first])
-        post = fin & (np.arange(self.history) >= first[:, None])
+        onset = times[rix, np.maximum(first - 1, 0)]
+        # No earlier time known (the shift started at the ring's oldest slot): use the first
+        # post-change sample's own time.
+        onset = np.where((first > 0) & np.isfinite(onset), onset, times[rix, first])
+        post = fin & (np.arange(hist) >= first[:, None])
         after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
         before = mu
-        scale = np.maximum(np.abs(before), self.abs_floor)
-        big = np.abs(after - before) >= self.min_rel_change * scale
+        big = np.abs(after - before) >= self.min_rel_change * np.maximum(
+            np.abs(before), self.abs_floor
+        )
 
-        # Re-baseline every alarming cell on its post-onset samples; drop the rest.
+        # Re-baseline every alarming cell on its post-onset samples; drop the older ones.
         self._bank[:, cells] = 0.0
-        ring = np.where(post, vals, np.nan).astype(np.float32)
-        pos = s["pos"][cells]
-        # Write back in ring order (chronological index i lives at slot (pos + i) % H).
-        slots = (pos[:, None] + np.arange(self.history)) % self.history
-        rows_ring = self._ring[cells]
-        np.put_along_axis(rows_ring, slots, ring, axis=1)
-        self._ring[cells] = rows_ring
+        slots = (s["pos"][cells, None] + np.arange(hist)) % hist
+        ring = self._ring[:, cells].T.copy()
+        np.put_along_axis(ring, slots, np.where(post, vals, np.nan).astype(np.float32), axis=1)
+        self._ring[:, cells] = ring.T
         k_post = post.sum(axis=1).astype(np.int32)
         s["n"][cells] = k_post
         ready = k_post >= self.burn_in
         if ready.any():
-            self._baseline(cells[ready], fresh=False)
-
+            self._baseline(cells[ready])
         return Detections(
-            rows=(cells[big] // k).astype(np.int64),
-            cols=(cells[big] % k).astype(np.int64),
+            rows=cells[big] // k,
+            cols=cells[big] % k,
             detected_ts=t[big],
             onset_ts=onset[big],
             before=before[big],
@@ -390,45 +475,65 @@ class BankCusum:
             score=stat[big] / self.h,
         )
 
-    def _baseline(self, cells: I64, *, fresh: bool) -> None:
-        """(Re)set the level from the ring's samples; a fresh cell also gets scale and AR."""
+    def _baseline(self, cells: I64) -> None:
+        """(Re)set the level from the ring's samples; a never-baselined cell also gets scale/AR."""
+        fresh = self._s["sig"][cells] <= 0.0
+        if fresh.any():
+            self._first_baseline(cells[fresh])
+        self._level(cells)
+
+    def _ar_used(self, est: F64, count: F64) -> F64:
+        """Bias-corrected upper confidence bound on the AR(1) coefficient."""
+        cnt = np.maximum(count, 1.0)
+        out = est + (1.0 + 3.0 * est) / cnt + self.ar_margin / np.sqrt(cnt)
+        return np.clip(out, 0.0, self.ar_max)
+
+    def _first_baseline(self, cells: I64) -> None:
+        """Scale and AR(1) coefficient from the burn-in samples of never-baselined cells."""
         s, c = self._s, self.clip
         vals, _ = self._chrono(cells)
         fin = np.isfinite(vals)
+        count = fin.sum(axis=1).astype(np.float64)
         mu = np.nanmedian(vals, axis=1)
         d = vals - mu[:, None]
-        last = np.take_along_axis(
-            d, (self.history - 1 - np.argmax(fin[:, ::-1], axis=1))[:, None], axis=1
-        )[:, 0]
-        if fresh:
-            mad = np.nanmedian(np.abs(d), axis=1) * _MAD_TO_SIGMA
-            mean_abs = np.nanmean(np.abs(d), axis=1) * math.sqrt(math.pi / 2.0)
-            floor = np.maximum(self.rel_floor * np.abs(mu), self.abs_floor)
-            sx = np.maximum(np.maximum(mad, mean_abs), floor)
-            dc = np.clip(d, -c * sx[:, None], c * sx[:, None])
-            both = fin[:, 1:] & fin[:, :-1]
-            lag1 = np.where(both, dc[:, 1:] * dc[:, :-1], 0.0).sum(axis=1)
-            lag0 = np.where(fin, dc * dc, 0.0).sum(axis=1)
-            phi = np.clip(lag1 / np.maximum(lag0, 1e-300), 0.0, self.ar_max)
-            e = np.where(both, dc[:, 1:] - phi[:, None] * dc[:, :-1], np.nan)
-            sig = np.maximum(sx * np.sqrt(1.0 - phi * phi), floor)
-            for _ in range(3):  # Huber proposal 2 fixed point on the innovations
-                bound = (c * sig)[:, None]
-                m2 = np.nanmean(np.minimum(e * e, bound * bound), axis=1)
-                sig = np.maximum(np.sqrt(m2 / self._kappa), floor)
-            s["s2"][cells] = sig * sig * self._kappa
-            s["phi"][cells] = phi
-            nvar = sx * sx
-            s["c0"][cells] = nvar
-            s["c1"][cells] = phi * nvar
-            s["lprev"][cells] = 0.0
-        phi_now = s["phi"][cells]
-        sig_now = np.sqrt(s["s2"][cells] / self._kappa)
-        sx_now = np.maximum(sig_now / np.sqrt(1.0 - phi_now * phi_now), self.abs_floor)
+        mad = np.nanmedian(np.abs(d), axis=1) * _MAD_TO_SIGMA
+        # MAD is 0 when most samples are equal (quantised metrics): fall back to the mean
+        # absolute deviation, then to the floor, so the scale never collapses.
+        mean_abs = np.nanmean(np.abs(d), axis=1) * math.sqrt(math.pi / 2.0)
+        floor = np.maximum(self.rel_floor * np.abs(mu), self.abs_floor)
+        sx = np.maximum(np.where(mad > 0, mad, mean_abs), floor)
+        dc = np.clip(d / sx[:, None], -c, c)  # level-sigma units
+        both = fin[:, 1:] & fin[:, :-1]
+        lag1 = np.where(both, dc[:, 1:] * dc[:, :-1], 0.0).sum(axis=1)
+        lag0 = np.where(fin, dc * dc, 0.0).sum(axis=1)
+        est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
+        phi = self._ar_used(est, count)
+        e = np.where(both, d[:, 1:] - phi[:, None] * d[:, :-1], np.nan)
+        sig = np.maximum(sx * np.sqrt(np.maximum(1.0 - est * est, 0.0)), floor)
+        for _ in range(3):  # Huber proposal-2 fixed point on the innovations
+            bound = (c * sig)[:, None]
+            m2 = np.nanmean(np.minimum(e * e, bound * bound), axis=1)
+            sig = np.maximum(np.sqrt(m2 / self._kappa), floor)
+        ratio = sx / sig
+        s["sig"][cells] = sig
+        s["phi"][cells] = phi
+        s["c0"][cells] = ratio * ratio
+        s["c1"][cells] = est * ratio * ratio
+        s["lprev"][cells] = 0.0
+        s["ns"][cells] = count.astype(np.int32)
+
+    def _level(self, cells: I64) -> None:
+        """Level = median of the ring's samples; start the lagged updates from there."""
+        s = self._s
+        vals, _ = self._chrono(cells)
+        fin = np.isfinite(vals)
+        mu = np.nanmedian(vals, axis=1)
+        newest = self.history - 1 - np.argmax(fin[:, ::-1], axis=1)
+        last = vals[np.arange(cells.size), newest] - mu
         s["mu"][cells] = mu
-        s["dprev"][cells] = np.clip(np.nan_to_num(last), -c * sx_now, c * sx_now)
+        s["dprev"][cells] = np.clip(last / s["sig"][cells], -self._dclip, self._dclip)
         s["nb"][cells] = fin.sum(axis=1).astype(np.int32)
         s["n"][cells] = np.maximum(s["n"][cells], self.burn_in)
-        # Samples already counted in the baseline must not be folded in again later.
-        self._ring[cells] = np.nan
+        # Samples already counted in the level must not be folded in again later.
+        self._ring[:, cells] = np.nan
         self._bank[:, cells] = 0.0
