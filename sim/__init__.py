@@ -1,1 +1,6 @@
-"""Vectorised accelerator-fleet simulator that emits contract window records."""
+"""Vectorised accelerator-fleet simulator that emits contract window records and change events."""
+
+from sim.run import Simulation, SimWindow, simulate
+from sim.scenarios import SCENARIOS, Scenario, UnknownScenario
+
+__all__ = ["SCENARIOS", "Scenario", "SimWindow", "Simulation", "UnknownScenario", "simulate"]

@@ -1,0 +1,46 @@
+"""Recordings: records and change events as JSON lines (optionally gzip), plus labels.json."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import IO
+
+from sim.run import Simulation
+
+
+def labels_path(path: Path) -> Path:
+    """`<stem>.labels.json` next to a `.jsonl` / `.jsonl.gz` recording."""
+    name = path.name
+    for suffix in (".jsonl.gz", ".jsonl"):
+        if name.endswith(suffix):
+            return path.with_name(name[: -len(suffix)] + ".labels.json")
+    raise ValueError(f"recording path must end in .jsonl or .jsonl.gz: {path}")
+
+
+def write_recording(sim: Simulation, path: Path) -> int:
+    """Write every window record and change event in event-time order; returns records written.
+
+    Change events go before the window records of the window they landed in, so a
+    replay sees a deploy before the regression it causes. Labels are written last
+    (after the run, so dirty-stream counts are final).
+    """
+    path = Path(path)
+    lpath = labels_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("wb") as raw:
+        fh: IO[bytes] | gzip.GzipFile = raw
+        if path.name.endswith(".gz"):
+            # mtime=0 keeps the bytes identical across runs of the same seed
+            fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
+        with fh:
+            for win in sim.windows():
+                lines = [v for _, v in win.changes]
+                lines += [v for _, v in win.records]
+                n += len(win.records)
+                if lines:
+                    fh.write(b"\n".join(lines) + b"\n")
+    lpath.write_text(json.dumps(sim.labels, indent=1) + "\n")
+    return n
