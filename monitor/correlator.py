@@ -57,6 +57,7 @@ class Incident:
     alert_id: str | None = None
     emitted_devices: int = 0
     emitted_level: str = ""
+    emitted_change: str | None = None
     healthy_windows: int = 0
     observed_ts: float = 0.0  # recovery is judged only on windows after this
     last_ts: float = 0.0

@@ -48,7 +48,8 @@ class AlertLifecycle:
             n_pool = pool_devices.get((inc.pool, inc.model), 0)
             level = inc.scope_level(n_pool, self.s.pool_fraction)
             n = len(inc.devices)
-            if inc.alert_id is None:
+            first = inc.alert_id is None
+            if first:
                 if now_ts - inc.detected_ts < self.s.settle_windows * inc.window_s:
                     continue
                 stage = inc.first_failing_stage()
@@ -56,12 +57,14 @@ class AlertLifecycle:
                     inc.pool, inc.model, inc.primary_metric, stage,
                     int(inc.onset_ts // inc.window_s),
                 )  # fmt: skip
-            elif n < inc.emitted_devices * (1 + self.s.update_growth) and level == (
-                inc.emitted_level
-            ):
+            alert = self.render(inc, now_ts, n_pool, "firing")
+            grew = n >= inc.emitted_devices * (1 + self.s.update_growth)
+            news = level != inc.emitted_level or alert.suggestion.change_id != inc.emitted_change
+            if not (first or grew or news):
                 continue
             inc.emitted_devices, inc.emitted_level, inc.last_ts = n, level, now_ts
-            out.append(self.render(inc, now_ts, n_pool, "firing"))
+            inc.emitted_change = alert.suggestion.change_id
+            out.append(alert)
         return out
 
     def observe(

@@ -95,7 +95,7 @@ class Pipeline:
         self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
         self.counters: Counter[str] = Counter()
         self.unknown_hw: list[tuple[str, str | None, str | None]] = []
-        self.watermark = 0.0
+        self.partition_ts: dict[int, float] = {}
 
     def _partition(self, p: int) -> PartitionState:
         st = self.partitions.get(p)
@@ -138,18 +138,17 @@ class Pipeline:
             self.unknown_hw.extend(st.table.newly_unknown)
             st.table.newly_unknown.clear()
             points.extend(self._detect(st, frame))
-            if frame.layer_ts.size:
-                self.watermark = max(self.watermark, float(frame.layer_ts.max()))
             if frame.device_ts.size:
-                self.watermark = max(self.watermark, float(frame.device_ts.max()))
-            if self.watermark - st.expired_at > st.table.ttl_s / 4:
-                dev_rows, layer_rows = st.table.expire(self.watermark)
-                st.device_detector.forget(dev_rows)
-                st.layer_detector.forget(layer_rows)
-                st.expired_at = self.watermark
+                part_ts = max(self.partition_ts.get(part, 0.0), float(frame.device_ts.max()))
+                self.partition_ts[part] = part_ts
+                if part_ts - st.expired_at > st.table.ttl_s / 4:
+                    dev_rows, layer_rows = st.table.expire(part_ts)
+                    st.device_detector.forget(dev_rows)
+                    st.layer_detector.forget(layer_rows)
+                    st.expired_at = part_ts
         if not samples:
             return out
-        now = self.watermark
+        now = self.watermark()
         self.correlator.add(points, now)
         open_incidents = [i for i in self.correlator.incidents if i.status == "open"]
         if open_incidents:
@@ -161,6 +160,18 @@ class Pipeline:
         self.advisor.prune(now)
         self.counters["alerts_out"] += len(out.alerts)
         return out
+
+    def watermark(self) -> float:
+        """Event time every active partition has reached (partitions lagging > max_skew ignored).
+
+        Consumers drain partitions unevenly; waiting for the slowest one keeps an
+        incident from paging before the devices of other partitions had their say.
+        """
+        if not self.partition_ts:
+            return 0.0
+        high = max(self.partition_ts.values())
+        skew = self.settings.alerts.max_skew_s
+        return min(t for t in self.partition_ts.values() if t >= high - skew)
 
     def pool_counts(self) -> dict[tuple[str | None, str | None], int]:
         """Known devices per (pool, model) over all partitions."""

@@ -10,64 +10,17 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from conftest import Kcat
 from factories import fleet, msg
+from kafka_helpers import isolated_settings, kcat_read, run_daemon
 
-from monitor.app import Runner
-from monitor.config import KafkaSettings, Settings, Topics
+from monitor.config import KafkaSettings, Topics
 from monitor.embedded import EmbeddedBroker, ensure_topics
-from monitor.pipeline import Pipeline
-from monitor.sinks.kafka import KafkaSink
-from monitor.sources.kafka import KafkaSource
 
 pytestmark = pytest.mark.integration
 
 
-def _settings(broker: EmbeddedBroker) -> Settings:
-    run = uuid.uuid4().hex[:8]
-    topics = Topics(samples=f"s-{run}", changes=f"c-{run}", alerts=f"a-{run}", dlq=f"d-{run}",
-                    state=f"st-{run}")  # fmt: skip
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, group_id=f"g-{run}", topics=topics,
-                          poll_timeout_ms=300)  # fmt: skip
-    return Settings(kafka=kafka)
-
-
-def kcat_read(kcat: Kcat, bootstrap: str, topic: str) -> list[tuple[str, dict]]:
-    """All (key, JSON value) pairs of a topic, read by kcat (-e: exit at end)."""
-    out = kcat.run("-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q",
-                   "-f", "%k\t%s\n")  # fmt: skip
-    rows = []
-    for line in out.stdout.splitlines():
-        if line.strip():
-            key, _, value = line.partition("\t")
-            rows.append((key, json.loads(value)))
-    return rows
-
-
-async def _daemon(settings: Settings, produce) -> Pipeline:
-    await ensure_topics(settings.kafka)
-    source = KafkaSource(settings.kafka)
-    sink = KafkaSink(settings.kafka)
-    await source.start()
-    await sink.start()
-    done = asyncio.Event()
-    pipeline = Pipeline(settings)
-    runner = Runner(source, pipeline, [sink], dead_letters=sink.send_dead,
-                    stop_when_idle=done.is_set)  # fmt: skip
-
-    async def feed() -> None:
-        await produce()
-        done.set()
-
-    try:
-        await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=180)
-    finally:
-        await source.close()
-        await sink.close()
-    return pipeline
-
-
 async def test_daemon_alerts_topic_and_dead_letters(broker: EmbeddedBroker, kcat: Kcat) -> None:
     """Regression on one pool -> one alert on the alerts topic; bad records -> DLQ with reason."""
-    settings = _settings(broker)
+    settings = isolated_settings(broker)
     t = settings.kafka.topics
 
     async def produce() -> None:
@@ -87,7 +40,7 @@ async def test_daemon_alerts_topic_and_dead_letters(broker: EmbeddedBroker, kcat
         finally:
             await p.stop()
 
-    pipeline = await _daemon(settings, produce)
+    pipeline = await run_daemon(settings, produce)
     assert pipeline.counters["records_in"] == 80 * 32
 
     alerts = kcat_read(kcat, broker.bootstrap, t.alerts)

@@ -1,0 +1,63 @@
+"""Helpers for tests against the real broker: isolated topics, a daemon run, kcat reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+
+from conftest import Kcat
+
+from monitor.app import Runner
+from monitor.config import KafkaSettings, Settings, Topics
+from monitor.embedded import EmbeddedBroker, ensure_topics
+from monitor.pipeline import Pipeline
+from monitor.sinks.kafka import KafkaSink
+from monitor.sources.kafka import KafkaSource
+
+
+def isolated_settings(broker: EmbeddedBroker) -> Settings:
+    """Settings with fresh topic names and group id, so tests never see each other's data."""
+    run = uuid.uuid4().hex[:8]
+    topics = Topics(samples=f"s-{run}", changes=f"c-{run}", alerts=f"a-{run}", dlq=f"d-{run}",
+                    state=f"st-{run}")  # fmt: skip
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, group_id=f"g-{run}", topics=topics,
+                          poll_timeout_ms=300)  # fmt: skip
+    return Settings(kafka=kafka)
+
+
+def kcat_read(kcat: Kcat, bootstrap: str, topic: str) -> list[tuple[str, dict]]:
+    """All (key, JSON value) pairs of a topic, read by kcat (-e: exit at end)."""
+    out = kcat.run("-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q",
+                   "-f", "%k\t%s\n")  # fmt: skip
+    rows = []
+    for line in out.stdout.splitlines():
+        if line.strip():
+            key, _, value = line.partition("\t")
+            rows.append((key, json.loads(value)))
+    return rows
+
+
+async def run_daemon(settings: Settings, produce: Callable[[], Awaitable[None]]) -> Pipeline:
+    """Run the daemon until `produce` is done and the source is idle; return its pipeline."""
+    await ensure_topics(settings.kafka)
+    source = KafkaSource(settings.kafka)
+    sink = KafkaSink(settings.kafka)
+    await source.start()
+    await sink.start()
+    done = asyncio.Event()
+    pipeline = Pipeline(settings)
+    runner = Runner(source, pipeline, [sink], dead_letters=sink.send_dead,
+                    stop_when_idle=done.is_set)  # fmt: skip
+
+    async def feed() -> None:
+        await produce()
+        done.set()
+
+    try:
+        await asyncio.wait_for(asyncio.gather(runner.run(), feed()), timeout=180)
+    finally:
+        await source.close()
+        await sink.close()
+    return pipeline
