@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--speed", type=_speed, default=25.0, help="event-time speed-up, or 'max'")
     up.add_argument("--seed", type=int, default=7)
     up.add_argument(
+        "--in-process",
+        action="store_true",
+        help="no broker: feed the simulator straight into the pipeline",
+    )
+    up.add_argument(
         "--duration",
         type=_duration,
         default=None,

@@ -22,12 +22,12 @@ from monitor.detect.cusum import Cusum
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.lifecycle import AlertLifecycle
 from monitor.metrics import DEVICE_METRICS, LAYER_METRICS, MIN_ABS_CHANGE, STAGE_OF
-
-_LAYER_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in LAYER_METRICS])
-_DEVICE_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in DEVICE_METRICS])
 from monitor.sources.base import RawMessage
 from monitor.stream_table import Frame, StreamTable
 from monitor.wire import Alert, Codec, DecodeError, WindowRecord
+
+_LAYER_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in LAYER_METRICS])
+_DEVICE_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in DEVICE_METRICS])
 
 
 @dataclass(frozen=True, slots=True)

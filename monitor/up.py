@@ -8,6 +8,7 @@ import contextlib
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaProducer
 
@@ -19,6 +20,10 @@ from monitor.pipeline import Pipeline
 from monitor.sinks.files import ConsoleSink
 from monitor.sinks.kafka import KafkaSink
 from monitor.sources.kafka import KafkaSource
+from monitor.sources.simulated import SimulatorSource
+
+if TYPE_CHECKING:
+    from sim.run import Simulation
 
 
 async def up(args: argparse.Namespace, settings: Settings) -> int:
@@ -36,6 +41,8 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
     simulation = simulate(
         args.scenario, devices=args.devices, duration_s=args.sim_duration, seed=args.seed
     )
+    if args.in_process:
+        return await _in_process(args, settings, simulation)
     broker: EmbeddedBroker | None = None
     if not settings.kafka.bootstrap_servers:
         broker = EmbeddedBroker()
@@ -101,4 +108,21 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if broker is not None:
             await broker.stop()
+    return 0
+
+
+async def _in_process(args: argparse.Namespace, settings: Settings, simulation: Simulation) -> int:
+    """Simulator → pipeline → console, with no broker in between."""
+    source = SimulatorSource(simulation, settings.kafka.topics, speed=args.speed)
+    runner = Runner(source, Pipeline(settings), [ConsoleSink()])
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runner.stop.set)
+    print(f"flopwatch up: in process, scenario {args.scenario}, {args.devices} devices",
+          file=sys.stderr)  # fmt: skip
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(runner.run(), args.duration)
+    c = runner.pipeline.counters
+    print(f"flopwatch up: {c['records_in']} records, {c['alerts_out']} alert records",
+          file=sys.stderr)  # fmt: skip
     return 0
