@@ -32,7 +32,7 @@ def test_step_down_detected_with_onset_and_levels() -> None:
     assert 60 <= t <= 63
     assert abs(d.onset_ts[0] - 10.0 * 59) <= 10.0  # end of the last healthy window, ±1
     assert abs(d.before[0] - 0.5) < 0.01
-    assert abs(d.after[0] - 0.425) < 0.01
+    assert abs(d.after[0] - 0.425) < 0.02  # mean since the estimated onset
     assert d.score[0] >= 1.0
 
 
