@@ -1,0 +1,174 @@
+"""Diagnosis quality over the simulator's scenario pack: incidents, stages, rollbacks, delay.
+
+    python bench/diagnose.py --json out/bench/diagnose.json [--devices 128] [--scenario NAME]
+
+Each scenario runs in process (simulator → pipeline, no broker) with its labels
+as ground truth. An alert matches a labelled incident when it names the same
+pool and its onset lies within `--tolerance` windows of the labelled onset
+(the incident's end, if labelled, bounds it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# bench/sim.py would shadow the `sim` package when this script's folder leads sys.path.
+sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).resolve().parent]
+
+from monitor.app import Runner  # noqa: E402
+from monitor.config import Settings  # noqa: E402
+from monitor.pipeline import Pipeline  # noqa: E402
+from monitor.sources.simulated import SimulatorSource  # noqa: E402
+from monitor.wire import Alert  # noqa: E402
+from sim.run import simulate  # noqa: E402
+from sim.scenarios import SCENARIOS  # noqa: E402
+
+PACK = [n for n in SCENARIOS if n not in ("dirty_stream",)]
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.alerts: list[Alert] = []
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        self.alerts.extend(alerts)
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class ScenarioResult:
+    """Scores of one scenario run."""
+
+    scenario: str
+    incidents: int
+    found: int = 0
+    false_incidents: int = 0
+    duplicate_alerts: int = 0
+    stage_ok: int = 0
+    rollback_ok: int = 0
+    after_onset_suggestions: int = 0
+    delays: list[float] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)
+    false: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+async def run_scenario(name: str, devices: int | None, seed: int, settings: Settings,
+                       tolerance: float) -> tuple[ScenarioResult, list[Alert]]:  # fmt: skip
+    """Simulate one scenario, run the monitor over it, and score the alerts."""
+    sc = SCENARIOS[name]
+    sim = simulate(name, devices=devices or sc.default_devices,
+                   duration_s=sc.default_duration_s, seed=seed)  # fmt: skip
+    sink = _Collect()
+    t0 = time.perf_counter()
+    await Runner(SimulatorSource(sim, settings.kafka.topics, partitions=4),
+                 Pipeline(settings), [sink]).run()  # fmt: skip
+    labels = sim.labels
+    res = score(labels, sink.alerts, tolerance)
+    res.seconds = time.perf_counter() - t0
+    return res, sink.alerts
+
+
+def score(labels: dict[str, Any], alerts: list[Alert], tolerance: float) -> ScenarioResult:
+    """Match alerts to labelled incidents and count what went right and wrong."""
+    w = float(labels["window_s"])
+    truth = labels["incidents"]
+    changes = {c["id"]: c for c in labels["changes"]}
+    res = ScenarioResult(labels["scenario"], len(truth))
+    by_id: dict[str, list[Alert]] = {}
+    for a in alerts:
+        if a.status == "firing":
+            by_id.setdefault(a.id, []).append(a)
+    matched_ids: set[str] = set()
+    for inc in truth:
+        lo = inc["onset_ts"] - tolerance * w
+        hi = inc["onset_ts"] + tolerance * w
+        hits = [
+            aid for aid, seq in by_id.items()
+            if seq[0].scope.pool == inc["scope"]["pool"] and lo <= seq[0].onset_ts <= hi
+        ]  # fmt: skip
+        if not hits:
+            res.misses.append(inc["id"])
+            continue
+        res.found += 1
+        res.duplicate_alerts += len(hits) - 1
+        matched_ids.update(hits)
+        first = min((by_id[h][0] for h in hits), key=lambda a: a.detected_ts)
+        last = by_id[first.id][-1]
+        res.delays.append((first.detected_ts - inc["onset_ts"]) / w)
+        res.stage_ok += last.first_failing_stage == inc["first_failing_stage"]
+        res.rollback_ok += last.suggestion.change_id == inc["change_id"]
+    for aid, seq in by_id.items():
+        a = seq[-1]
+        cid = a.suggestion.change_id
+        if cid is not None and cid in changes and changes[cid]["ts"] > a.onset_ts + w:
+            res.after_onset_suggestions += 1
+        if aid not in matched_ids:
+            res.false_incidents += 1
+            res.false.append(f"{a.scope.pool}:{'/'.join(a.layers)}:{a.metric}:{a.delta_pct:+.1f}%")
+    return res
+
+
+def main() -> int:
+    """Run the pack, print a table, optionally write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--devices", type=int, default=None, help="override each scenario's size")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tolerance", type=float, default=6.0, help="onset match, in windows")
+    ap.add_argument("--scenario", action="append", help="run only these")
+    args = ap.parse_args()
+    settings = Settings()
+    results = []
+    for name in args.scenario or PACK:
+        res, _ = asyncio.run(run_scenario(name, args.devices, args.seed, settings, args.tolerance))
+        results.append(res)
+    hdr = f"{'scenario':26} {'inc':>3} {'found':>5} {'false':>5} {'dup':>3} {'stage':>5} " \
+          f"{'rollbk':>6} {'delay':>5} {'sec':>5}  notes"  # fmt: skip
+    print(hdr)
+    for r in results:
+        delay = f"{statistics.median(r.delays):.1f}" if r.delays else "-"
+        notes = "; ".join([*(f"miss {m}" for m in r.misses), *(f"false {f}" for f in r.false[:3])])
+        print(f"{r.scenario:26} {r.incidents:>3} {r.found:>5} {r.false_incidents:>5} "
+              f"{r.duplicate_alerts:>3} {r.stage_ok:>5} {r.rollback_ok:>6} {delay:>5} "
+              f"{r.seconds:>5.1f}  {notes}")  # fmt: skip
+    total = sum(r.incidents for r in results)
+    found = sum(r.found for r in results)
+    delays = [d for r in results for d in r.delays]
+    summary = {
+        "incident_recall": round(found / total, 3) if total else None,
+        "false_incidents": sum(r.false_incidents for r in results),
+        "duplicate_alerts": sum(r.duplicate_alerts for r in results),
+        "stage_accuracy": round(sum(r.stage_ok for r in results) / found, 3) if found else None,
+        "rollback_accuracy": round(sum(r.rollback_ok for r in results) / found, 3)
+        if found
+        else None,  # fmt: skip
+        "median_delay_windows": round(statistics.median(delays), 2) if delays else None,
+        "after_onset_suggestions": sum(r.after_onset_suggestions for r in results),
+        "incidents": total,
+        "detector": settings.detector.kind,
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        detail = [
+            {k: v for k, v in vars(r).items() if k != "delays"} | {"delays": r.delays}
+            for r in results
+        ]
+        args.json.write_text(json.dumps(summary | {"scenarios": detail}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
