@@ -153,7 +153,7 @@ def main() -> int:
         "stage_accuracy": round(sum(r.stage_ok for r in results) / found, 3) if found else None,
         "rollback_accuracy": round(sum(r.rollback_ok for r in results) / found, 3)
         if found
-        else None,  # fmt: skip
+        else None,
         "median_delay_windows": round(statistics.median(delays), 2) if delays else None,
         "after_onset_suggestions": sum(r.after_onset_suggestions for r in results),
         "incidents": total,
