@@ -129,12 +129,31 @@ class Fleet:
             return kidx[name]
 
         per_pool: dict[str, list[float]] = {
-            k: [] for k in (
-                "peak", "bw", "max_clock", "tdp", "idle", "throttle", "clock_ratio", "r_th",
-                "nvlink", "net", "train", "tokens_per_step", "micro_batch", "gen", "tok_per_seq",
-                "max_batch", "tick", "comm_tok", "comm_step", "quality", "tp_local",
+            k: []
+            for k in (
+                "peak",
+                "bw",
+                "max_clock",
+                "tdp",
+                "idle",
+                "throttle",
+                "clock_ratio",
+                "r_th",
+                "nvlink",
+                "net",
+                "train",
+                "tokens_per_step",
+                "micro_batch",
+                "gen",
+                "tok_per_seq",
+                "max_batch",
+                "tick",
+                "comm_tok",
+                "comm_step",
+                "quality",
+                "tp_local",
             )
-        }  # fmt: skip
+        }
         for p, spec in enumerate(self.pools):
             wl: Workload = WORKLOADS[spec.workload]
             hw: HardwareSpec = DEFAULT_CATALOG[spec.hw]
@@ -154,17 +173,28 @@ class Fleet:
                 kern[p, j] = kernel_id(cost.kernel)
                 fb[p, j] = kernel_id(cost.fallback_kernel)
             vals = {
-                "peak": peak, "bw": hw.hbm_bytes_per_s,
-                "max_clock": hw.max_clock_mhz or board.max_clock_mhz, "tdp": board.tdp_w,
-                "idle": board.idle_w, "throttle": board.throttle_c,
-                "clock_ratio": board.clock_ratio, "r_th": board.r_th,
-                "nvlink": board.nvlink_bytes_per_s, "net": board.net_bytes_per_s,
+                "peak": peak,
+                "bw": hw.hbm_bytes_per_s,
+                "max_clock": hw.max_clock_mhz or board.max_clock_mhz,
+                "tdp": board.tdp_w,
+                "idle": board.idle_w,
+                "throttle": board.throttle_c,
+                "clock_ratio": board.clock_ratio,
+                "r_th": board.r_th,
+                "nvlink": board.nvlink_bytes_per_s,
+                "net": board.net_bytes_per_s,
                 "train": 1.0 if wl.mode == "train" else 0.0,
-                "tokens_per_step": wl.tokens_per_step, "micro_batch": wl.micro_batch,
-                "gen": wl.gen_tokens, "tok_per_seq": wl.tokens_per_seq, "max_batch": wl.max_batch,
-                "tick": wl.tick_s, "comm_tok": wl.comm_bytes_tok, "comm_step": wl.comm_bytes_step,
-                "quality": wl.quality, "tp_local": 1.0 if wl.comm_bytes_tok > 0 else 0.0,
-            }  # fmt: skip
+                "tokens_per_step": wl.tokens_per_step,
+                "micro_batch": wl.micro_batch,
+                "gen": wl.gen_tokens,
+                "tok_per_seq": wl.tokens_per_seq,
+                "max_batch": wl.max_batch,
+                "tick": wl.tick_s,
+                "comm_tok": wl.comm_bytes_tok,
+                "comm_step": wl.comm_bytes_step,
+                "quality": wl.quality,
+                "tp_local": 1.0 if wl.comm_bytes_tok > 0 else 0.0,
+            }
             for k, v in vals.items():
                 per_pool[k].append(float(v))
         pi = self.pool_idx
@@ -178,6 +208,7 @@ class Fleet:
         self.occupancy: F64 = occ[pi]
         self.sram_hit: F64 = hit[pi]
         self.present: BoolA = present[pi]
+        self.layer_counts: F64 = self.present.sum(axis=1).astype(np.float64)
         self.kernel_base: I64 = kern[pi]
         self.kernel_fallback: I64 = fb[pi]
         self.pool_present = present

@@ -1,8 +1,11 @@
 """Ground-truth labels: each incident's scope, stage, change and how far its indicators move.
 
-`before` / `after` come from the noise-free model (NoiseSpec.off) evaluated on
-the incident's scope, averaged over a baseline span ending at the onset and an
-effect span after the effect has settled. They are expectations, not samples.
+`before` / `after` are medians over the incident's devices, averaged over a
+baseline span that ends at the onset and an effect span after the effect has
+settled. They come from a side run of the scope's hosts (at most 8 of them)
+that reproduces exactly the noise those devices get in the full run (every
+random draw is made fleet-wide and then cut), so they are what the records
+show, straggler waits and all, not a noise-free expectation.
 """
 
 from __future__ import annotations
@@ -12,22 +15,35 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.fleet import F64, I64, Fleet
-from sim.physics import Frame, NoiseSpec, Physics
+from sim.physics import Frame, Physics
 
 if TYPE_CHECKING:
     from sim.scenarios import Incident, Plan
 
 STAGE_OF: dict[str, str] = {
-    "req_rate": "ingress", "queue_depth": "ingress", "queue_wait_ms": "ingress",
+    "req_rate": "ingress",
+    "queue_depth": "ingress",
+    "queue_wait_ms": "ingress",
     "batch": "ingress",
-    "fallback_frac": "lowering", "kernel": "lowering",
-    "sram_hit": "scheduling", "spill_bytes": "scheduling", "intensity": "scheduling",
-    "mfu": "execution", "stall_frac": "execution", "occupancy": "execution",
-    "sync_frac": "execution", "device_mfu": "execution", "power_w": "execution",
-    "temp_c": "execution", "clock_mhz": "execution",
-    "lat_p50_ms": "validation", "lat_p95_ms": "validation", "lat_p99_ms": "validation",
-    "quality": "validation", "errors": "validation",
-}  # fmt: skip
+    "fallback_frac": "lowering",
+    "kernel": "lowering",
+    "sram_hit": "scheduling",
+    "spill_bytes": "scheduling",
+    "intensity": "scheduling",
+    "mfu": "execution",
+    "stall_frac": "execution",
+    "occupancy": "execution",
+    "sync_frac": "execution",
+    "device_mfu": "execution",
+    "power_w": "execution",
+    "temp_c": "execution",
+    "clock_mhz": "execution",
+    "lat_p50_ms": "validation",
+    "lat_p95_ms": "validation",
+    "lat_p99_ms": "validation",
+    "quality": "validation",
+    "errors": "validation",
+}
 SPAN_WINDOWS = 6
 MAX_LABEL_HOSTS = 8
 
@@ -99,8 +115,15 @@ def incident_label(
     w = window_s
     onset, base, eff = spans(inc, plan, w, start_ts, end_ts)
     subset = _label_subset(fleet, inc.fault.devices)
-    phys = Physics(fleet, list(plan.faults), NoiseSpec.off(), seed=seed, window_s=w,
-                   start_ts=start_ts, subset=subset)  # fmt: skip
+    phys = Physics(
+        fleet,
+        list(plan.faults),
+        plan.noise,
+        seed=seed,
+        window_s=w,
+        start_ts=start_ts,
+        subset=subset,
+    )
     rows = np.flatnonzero(np.isin(subset, inc.fault.devices))
     wanted = [*inc.indicators, *inc.unchanged]
     sums = {key: [0.0, 0.0] for key in wanted}
@@ -113,18 +136,21 @@ def incident_label(
             continue
         counts[which] += 1
         for key in wanted:
-            vals = frame_indicator(frame, phys.f, key[0], key[1], w)[rows]
-            sums[key][which] += float(np.median(vals))
+            vals = frame_indicator(frame, phys.f, key[0], key[1], w)[rows[frame.emit[rows]]]
+            sums[key][which] += float(np.median(vals)) if len(vals) else 0.0
 
     def entry(key: tuple[str, str | None]) -> dict[str, Any]:
         before = sums[key][0] / max(counts[0], 1)
         after = sums[key][1] / max(counts[1], 1)
         delta = 100.0 * (after - before) / before if before else None
         return {
-            "name": key[0], "layer": key[1], "stage": STAGE_OF[key[0]],
-            "before": _r(before), "after": _r(after),
+            "name": key[0],
+            "layer": key[1],
+            "stage": STAGE_OF[key[0]],
+            "before": _r(before),
+            "after": _r(after),
             "delta_pct": None if delta is None else round(delta, 2),
-        }  # fmt: skip
+        }
 
     devices = inc.fault.devices
     pool = fleet.pools[fleet.pool_id(inc.pool)]

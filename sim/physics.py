@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from sim.fleet import F64, I64, BoolA, Fleet
 
@@ -147,9 +148,29 @@ class Frame:
     model_row: I64
     in_burst: BoolA  # (D,) whether the device's pool is in a burst episode (ground truth)
 
-    def layer_samples(self, present: BoolA) -> int:
-        """Device x layer samples this frame carries."""
-        return int(present[self.emit].sum())
+    def layer_samples(self, layers_per_device: F64) -> int:
+        """Device x layer samples this frame carries (`layers_per_device`: Fleet.layer_counts)."""
+        return int(layers_per_device @ self.emit)
+
+
+class _NoisePool:
+    """Standard normals drawn once; each window reads a random slice (drawing is the hot spot).
+
+    Per stream the values stay independent across windows (slices start at random
+    offsets in a pool several times larger than one window needs), at a fraction
+    of the cost of fresh draws.
+    """
+
+    def __init__(self, rng: np.random.Generator, need: int) -> None:
+        self.rng = rng
+        self.buf = rng.standard_normal(max(1 << 20, 4 * need), dtype=np.float32)
+        self.buf.flags.writeable = False
+
+    def take(self, rows: int, cols: int) -> npt.NDArray[np.float32]:
+        """A read-only (rows, cols) block of standard normals."""
+        m = rows * cols
+        o = int(self.rng.integers(0, len(self.buf) - m + 1))
+        return self.buf[o : o + m].reshape(rows, cols)
 
 
 class Physics:
@@ -180,56 +201,81 @@ class Physics:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         f = self.f
         n = f.n
+        n_l = len(f.layers)
         dev = f.dev
+        # Every draw is made for the whole fleet and then cut to the subset, so a label run
+        # on a few hosts sees exactly the noise those devices get in the full run.
+        big = fleet.n
+        self._sel = subset
+        self._big = big
         if noise.enabled:
-            offs = np.exp(self.rng.normal(0.0, noise.device_sigma, n))
-            strag = self.rng.random(n) < noise.straggler_frac
-            self.dev_eff: F64 = np.where(strag, offs * noise.straggler_factor, offs)
-            self.share: F64 = np.exp(self.rng.normal(0.0, 0.05, n))  # router imbalance
-            self.inlet: F64 = self.rng.uniform(25.0, 32.0, n)
-            self.wander: F64 = self.rng.normal(0.0, noise.wander_sigma, n)
+            rng = self.rng
+            offs = np.exp(rng.normal(0.0, noise.device_sigma, big))
+            strag = rng.random(big) < noise.straggler_frac
+            self.dev_eff: F64 = self._cut(np.where(strag, offs * noise.straggler_factor, offs))
+            self.share: F64 = self._cut(np.exp(rng.normal(0.0, 0.05, big)))  # router imbalance
+            self.inlet: F64 = self._cut(rng.uniform(25.0, 32.0, big))
+            self.wander: F64 = self._cut(rng.normal(0.0, noise.wander_sigma, big))
+            self.pool = _NoisePool(rng, big * (n_l + _DEV_NOISE_ROWS))
         else:
             self.dev_eff = np.ones(n)
             self.share = np.ones(n)
             self.inlet = np.full(n, 28.5)
             self.wander = np.zeros(n)
-        self.pool_base_load = np.array([p.traffic.base_load for p in f.pools])[f.pool_idx]
+        self.tr: F64 = f.is_train.astype(np.float64)  # blend weights instead of np.where
+        self.sv: F64 = 1.0 - self.tr
+        self.base_load = np.array([p.traffic.base_load for p in f.pools])[f.pool_idx]
         self.temp: F64 = self.inlet + dev["r_th"] * 0.6 * dev["tdp"]
         self.throttle: F64 = np.ones(n)
         self.queue: F64 = np.zeros(n)
         self.silent_left: I64 = np.zeros(n, dtype=np.int64)
         self.loader_rate: F64 = np.zeros(n)
         self._last_rate: F64 = np.zeros(n)
-        self.peak_clk: F64 = dev["peak"] * dev["clock_ratio"]
         self.alpha = 1.0 - math.exp(-window_s / THERMAL_TAU_S)
+        self._zeros: F64 = np.zeros((n, n_l))
+        self._zeros.flags.writeable = False  # shared by every frame without such an effect
+        self._ones: F64 = np.ones((n, n_l))
+        self._ones.flags.writeable = False
+        self._sum_l: F64 = np.ones(n_l)  # row sums as a mat-vec: much faster than sum(axis=1)
+        self._launch: F64 = f.kernels * LAUNCH_S
+        self._hit_noise: F64 = 0.1 * f.sram_hit
+        self._occ_noise: F64 = 0.3 * f.occupancy
+        self._peak_col: F64 = dev["peak"][:, None]
+        self._bw_col: F64 = dev["bw"][:, None]
         for k in range(-burn_in, 0):
             self.step(k, burn=True)
         # the input pipeline offers what a healthy device consumes; it does not track slowdowns
         self.loader_rate = self._last_rate.copy()
+
+    def _cut(self, x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Rows of this run's devices from a whole-fleet array."""
+        return x if self._sel is None else x[self._sel]
 
     def step(self, k: int, *, burn: bool = False) -> Frame:
         """Advance one window (window k ends at start + (k+1)*window_s) and return it."""
         f, nz, rng = self.f, self.noise, self.rng
         n, n_l = f.n, len(f.layers)
         dev = f.dev
+        tr, sv = self.tr, self.sv
         w = self.w
         t_end = self.start + (k + 1) * w
         t_start = t_end - w
         on = nz.enabled
+        big = self._big
+        g = self.pool.take(_DEV_NOISE_ROWS, big) if on else None
+        if g is not None and self._sel is not None:
+            g = g[:, self._sel]
 
         # --- traffic: the router sizes batches for its tick at the offered load
         loads = np.array([p.traffic.load(t_end) for p in f.pools])
         bursting = np.array([p.traffic.in_burst(t_end) for p in f.pools])
-        load = loads[f.pool_idx] * self.share
         gen, tick, bmax = dev["gen"], dev["tick"], dev["max_batch"]
-        target = self.pool_base_load * bmax * load  # sequences in flight at this load
-        lam = target / (gen * tick)  # requests/s (Little's law)
-        if on:
-            lam = lam * (1.0 + rng.standard_normal(n) / np.sqrt(np.maximum(lam * w, 1.0)))
-            lam = np.maximum(lam, 0.0)
+        # sequences in flight at this load -> requests/s by Little's law
+        lam = self.base_load * bmax * loads[f.pool_idx] * self.share / (gen * tick)
+        if g is not None:  # Poisson arrivals: relative noise 1/sqrt(count)
+            lam = np.maximum(lam * (1.0 + g[0] / np.sqrt(np.maximum(lam * w, 1.0))), 0.0)
         b_seq = np.clip(lam * gen * tick, 1.0, bmax)
-        train = f.is_train
-        tokens = np.where(train, dev["tokens_per_step"], b_seq * dev["tok_per_seq"])
+        tokens = tr * dev["tokens_per_step"] + sv * b_seq * dev["tok_per_seq"]
 
         mods = Modifiers(n, n_l, self.remap)
         if not burn:
@@ -238,52 +284,72 @@ class Physics:
                     eff.apply(mods, self.full, tokens)
 
         # --- noise: AR(1) wander per device, Student-t (normal / chi) per device x layer
-        if on:
+        z: npt.NDArray[np.float32] | None = None
+        if g is not None:
             phi = nz.wander_phi
-            self.wander = phi * self.wander + nz.wander_sigma * math.sqrt(
-                1 - phi * phi
-            ) * rng.standard_normal(n)
-            scale = np.sqrt(nz.t_df / rng.chisquare(nz.t_df, n)) * nz.white_sigma
-            z = rng.standard_normal((n, n_l)) * scale[:, None]
-            effn = np.exp(z) * (self.dev_eff * np.exp(self.wander))[:, None]
-            n_out = int(rng.poisson(nz.outlier_rate * n * n_l))
+            self.wander = phi * self.wander + nz.wander_sigma * math.sqrt(1 - phi * phi) * g[1]
+            chi2 = g[9] * g[9] + g[10] * g[10] + g[11] * g[11] + g[12] * g[12]  # 4 d.o.f.
+            scale = np.sqrt(4.0 / np.maximum(chi2, 1e-3)) * nz.white_sigma
+            z = self._cut(self.pool.take(big, n_l)) * scale[:, None]
+            effn = np.exp(z).astype(np.float64)
+            effn *= (self.dev_eff * np.exp(self.wander))[:, None]
+            n_out = int(rng.poisson(nz.outlier_rate * big * n_l))
             if n_out and not burn:
-                flat = rng.integers(0, n * n_l, n_out)
-                effn.ravel()[flat] *= rng.uniform(0.55, 0.8, n_out)
+                d_out, l_out = np.divmod(rng.integers(0, big * n_l, n_out), n_l)
+                factor = rng.uniform(0.55, 0.8, n_out)
+                if self.remap is not None:
+                    d_out = self.remap[d_out]
+                    keep = d_out >= 0
+                    d_out, l_out, factor = d_out[keep], l_out[keep], factor[keep]
+                effn[d_out, l_out] *= factor
         else:
-            z = np.zeros((n, n_l))
-            effn = np.ones((n, n_l))
+            effn = self._ones
 
-        # --- per layer: tiling -> SRAM hits -> HBM bytes; roofline time
+        # --- per layer: tiling -> SRAM hits -> HBM bytes; roofline time. The (D, L) passes
+        # dominate the cost, so they run in place.
         tok = tokens[:, None]
         flops = f.flops_tok * tok
-        tile = mods.tile if mods.tile is not None else 1.0
         hit = f.sram_hit if mods.hit_scale is None else f.sram_hit * mods.hit_scale
-        if on:
-            hit = hit * (1.0 + 0.1 * z)
+        if z is not None:
+            hit = hit + self._hit_noise * z
         hit = np.clip(hit, 0.0, 0.995)
-        act = f.act_bytes_tok * tok
-        spill = act * mods.spill_frac if mods.spill_frac is not None else np.zeros((n, n_l))
-        bytes_hbm = f.weight_bytes + act + f.reuse_bytes_tok * tok / tile * (1.0 - hit) + spill
+        reuse = f.reuse_bytes_tok * tok
+        if mods.tile is not None:
+            reuse /= mods.tile
+        reuse *= 1.0 - hit
+        bytes_hbm = f.act_bytes_tok * tok
+        spill = self._zeros
+        if mods.spill_frac is not None:
+            spill = bytes_hbm * mods.spill_frac
+            reuse += spill
+        bytes_hbm += f.weight_bytes
+        bytes_hbm += reuse
         ec = f.eff_c * effn
         if mods.eff_scale is not None:
-            ec = ec * mods.eff_scale
-        ec = np.minimum(ec, 0.99)
-        em = np.minimum(f.eff_m * effn, 0.99)
+            ec *= mods.eff_scale
+        np.minimum(ec, 0.99, out=ec)
+        em = f.eff_m * effn
+        np.minimum(em, 0.99, out=em)
         clk = dev["clock_ratio"] * self.throttle
-        t_comp = flops / (dev["peak"] * clk)[:, None] / ec
-        t_mem = bytes_hbm / dev["bw"][:, None] / em
+        t_comp = flops / self._peak_col
+        t_comp /= clk[:, None]
+        t_comp /= ec
+        t_mem = bytes_hbm / self._bw_col
+        t_mem /= em
         t = np.maximum(t_comp, t_mem)
         if mods.fallback is not None and mods.fallback_slow is not None:
-            t = t * (1.0 + mods.fallback * (mods.fallback_slow - 1.0))
-        t = t + f.kernels * LAUNCH_S
-        ratio = t_mem / np.maximum(t_comp, 1e-30)
-        r15 = ratio * np.sqrt(ratio)
-        stall = 0.03 + 0.92 * r15 / (1.0 + r15)
+            t *= 1.0 + mods.fallback * (mods.fallback_slow - 1.0)
+        t += self._launch
+        # the stall share follows the memory share of the roofline time
+        t_comp += t_mem
+        t_comp += 1e-30  # absent layer types have no time at all
+        stall = np.divide(t_mem, t_comp, out=t_comp)
+        stall *= 0.92
+        stall += 0.03
         occ = f.occupancy if mods.occ_scale is None else f.occupancy * mods.occ_scale
-        if on:
-            stall = stall * np.exp(-0.5 * z)
-            occ = occ * np.exp(0.3 * z)
+        if z is not None:
+            stall *= 1.0 - 0.5 * z
+            occ = occ + self._occ_noise * z
         sync = np.zeros((n, n_l))
 
         # --- collectives: ring time over the link, then wait for the slowest host peer
@@ -292,41 +358,46 @@ class Physics:
             has = f.present[:, a]
             comm_tp = dev["comm_tok"] * tokens
             comm_dp = dev["comm_step"]
-            t_x = (comm_tp / dev["nvlink"] + comm_dp / dev["net"]) / LINK_EFF / effn[:, a]
-            t_x = t_x + f.kernels[:, a] * COLLECTIVE_LAT_S
+            t_x = (comm_tp / dev["nvlink"] + comm_dp / dev["net"]) / (LINK_EFF * effn[:, a])
+            t_x += f.kernels[:, a] * COLLECTIVE_LAT_S
             t[:, a] = 0.0
-            own = t.sum(axis=1) + t_x
+            own = t @ self._sum_l + t_x
             group = np.maximum.reduceat(own, f.host_starts)[f.host_idx]
             wait = group - own + 0.03 * t_x
             if mods.contention is not None:
-                wait = wait + (mods.contention - 1.0) * t_x
+                wait += (mods.contention - 1.0) * t_x
             msg = comm_tp + comm_dp
             t[:, a] = np.where(has, t_x + wait, 0.0)
             flops[:, a] = np.where(has, msg / 2.0, 0.0)  # one add per bf16 element reduced
             bytes_hbm[:, a] = np.where(has, 2.0 * msg, 0.0)
             sync[:, a] = np.where(has, wait, 0.0)
-            stall[:, a] = 0.55 * (np.exp(-0.5 * z[:, a]) if on else 1.0)
-        stall = np.clip(stall, 0.01, 0.97)
+            stall[:, a] = 0.55 * (1.0 - 0.5 * z[:, a]) if z is not None else 0.55
+        np.clip(stall, 0.01, 0.97, out=stall)
         occ = np.clip(occ, 0.01, 1.0)
 
         # --- steps in the window: training runs flat out, serving runs what demand needs
-        step = t.sum(axis=1)
-        cap = 0.98 * w / step
-        duty_train = 0.97 * (1.0 + (0.004 * rng.standard_normal(n) if on else 0.0))
-        needed = lam * w * gen / b_seq + self.queue * gen / b_seq
-        n_steps = np.where(train, duty_train * w / step, np.minimum(needed, cap))
+        step = t @ self._sum_l
+        duty_train = 0.97 * (1.0 + 0.004 * g[2]) if g is not None else np.full(n, 0.97)
+        needed = (lam * w + self.queue) * gen / b_seq
+        n_steps = tr * duty_train * w / step + sv * np.minimum(needed, 0.98 * w / step)
         backlog = np.maximum(needed - n_steps, 0.0) * b_seq / gen
         # the router sheds what would wait longer than MAX_QUEUE_S; shed requests are errors
         shed = np.maximum(backlog - lam * MAX_QUEUE_S, 0.0)
-        self.queue = np.where(train, 0.0, backlog - shed)
+        self.queue = sv * (backlog - shed)
         duty = n_steps * step / w
 
-        flops_w = flops * n_steps[:, None]
-        busy = t * n_steps[:, None]
+        n_col = n_steps[:, None]
+        flops *= n_col
+        busy = t
+        busy *= n_col
+        bytes_hbm *= n_col
+        if a >= 0:
+            sync[:, a] *= n_steps
+        if spill is not self._zeros:
+            spill *= n_col
 
         # --- power, temperature, clock: throttling feeds back into the next window
-        peak = dev["peak"]
-        dev_mfu = flops_w.sum(axis=1) / (w * peak)
+        dev_mfu = (flops @ self._sum_l) / (w * dev["peak"])
         activity = np.clip(0.35 * duty + 0.65 * np.minimum(dev_mfu / 0.45, 1.0), 0.0, 1.0)
         power = dev["idle"] + (dev["tdp"] - dev["idle"]) * activity * self.throttle**2
         cooling = mods.cooling if mods.cooling is not None else 1.0
@@ -335,67 +406,95 @@ class Physics:
         clock_mhz = dev["max_clock"] * clk
         self.throttle = np.clip(1.0 - THROTTLE_SLOPE * (self.temp - dev["throttle"]), 0.5, 1.0)
 
-        # --- ingress and SLO
-        rate = np.where(train, dev["micro_batch"] * n_steps / w, lam)
-        self._last_rate = rate
-        # router admission wait is ingress; contention inside a busy engine is latency only
+        # --- ingress: the router's admission wait; contention inside the engine is latency only
+        self._last_rate = tr * dev["micro_batch"] * n_steps / w + sv * lam
         wait_ms = 1000.0 * (0.5 * tick + self.queue / np.maximum(lam, 1e-9))
         if mods.ingress_delay_ms is not None:
-            wait_ms = wait_ms + mods.ingress_delay_ms
+            wait_ms += mods.ingress_delay_ms
+        loader = self._last_rate if burn else self.loader_rate
+        req_rate = tr * loader + sv * lam
+        q_depth = tr * PREFETCH_DEPTH + sv * (lam * wait_ms / 1000.0 + self.queue)
+        q_wait = tr * 0.15 + sv * wait_ms
+        batch = tr * dev["micro_batch"] + sv * b_seq
+
+        # --- SLO: exponential waiting tails, quantile q adds -ln(1-q) mean waits
         rho = np.minimum(duty, 0.97)
         service_ms = 1000.0 * gen * step
-        contention_ms = 0.2 * service_ms * rho**6 / (1.0 - rho)
-        queued = wait_ms + contention_ms
-        lat_noise = np.exp(0.03 * rng.standard_normal(n)) if on else np.ones(n)
+        queued = wait_ms + 0.5 * service_ms * rho**3 / (1.0 - rho)
         step_ms = 1000.0 * step / duty_train
-        # exponential waiting tails: quantile q adds -ln(1-q) mean waits, so p99 grows fastest
-        p50 = np.where(train, step_ms, (0.9 * service_ms + 0.69 * queued) * lat_noise)
-        p95 = np.where(train, 1.06 * step_ms, (1.5 * service_ms + 3.0 * queued) * lat_noise)
-        p99 = np.where(train, 1.12 * step_ms, (2.0 * service_ms + 4.6 * queued) * lat_noise)
-        loader = self.loader_rate if not burn else rate
-        req_rate = np.where(train, loader, lam)
-        q_depth = np.where(train, PREFETCH_DEPTH, lam * wait_ms / 1000.0 + self.queue)
-        q_wait = np.where(train, 0.15, wait_ms)
-        batch = np.where(train, dev["micro_batch"], b_seq)
-        quality = dev["quality"].copy()
+        lat = np.exp(0.03 * g[3]) * sv if g is not None else sv
+        p50 = tr * step_ms + lat * (0.9 * service_ms + 0.69 * queued)
+        p95 = tr * 1.06 * step_ms + lat * (1.5 * service_ms + 3.0 * queued)
+        p99 = tr * 1.12 * step_ms + lat * (2.0 * service_ms + 4.6 * queued)
+        quality = dev["quality"]
         if mods.quality_delta is not None:
             quality = quality + mods.quality_delta
-        errors = np.where(train, 0.0, np.round(shed))
+        err_mean = sv * (lam * w * 2e-5)
         emit = np.ones(n, dtype=np.bool_)
-        if on:
-            quality = quality + 0.002 * rng.standard_normal(n)
-            errors = np.where(train, 0.0, rng.poisson(lam * w * 2e-5) + np.round(shed))
-            power = power * np.exp(0.01 * rng.standard_normal(n))
-            temp_obs = self.temp + 0.4 * rng.standard_normal(n)
-            clock_mhz = clock_mhz * np.exp(0.002 * rng.standard_normal(n))
-            req_rate = np.where(train, req_rate * (1.0 + 0.003 * rng.standard_normal(n)), req_rate)
+        temp_obs = self.temp
+        if g is not None:
+            quality = quality + 0.002 * g[4]
+            # randomised rounding keeps the mean error count
+            err_mean = np.floor(err_mean + self._cut(rng.random(big, dtype=np.float32)))
+            power = power * (1.0 + 0.01 * g[5])
+            temp_obs = self.temp + 0.4 * g[6]
+            clock_mhz = clock_mhz * (1.0 + 0.002 * g[7])
+            req_rate = req_rate * (1.0 + 0.003 * tr * g[8])
             if nz.silence_rate > 0 and not burn:
-                n_sil = int(rng.poisson(nz.silence_rate * n))
+                n_sil = int(rng.poisson(nz.silence_rate * big))
                 if n_sil:
-                    who = rng.integers(0, n, n_sil)
-                    self.silent_left[who] = rng.geometric(1.0 / nz.silence_mean_windows, n_sil)
+                    who = rng.integers(0, big, n_sil)
+                    length = rng.geometric(1.0 / nz.silence_mean_windows, n_sil)
+                    if self.remap is not None:
+                        who = self.remap[who]
+                        length = length[who >= 0]
+                        who = who[who >= 0]
+                    self.silent_left[who] = length
                 emit = self.silent_left == 0
                 self.silent_left = np.maximum(self.silent_left - 1, 0)
-        else:
-            temp_obs = self.temp.copy()
+        errors = err_mean + sv * np.round(shed)
         kernel = f.kernel_base
         if mods.kernel is not None:
             kernel = np.where(mods.kernel >= 0, mods.kernel, f.kernel_base)
         model_row = f.base_model_idx
         if mods.model_row is not None:
             model_row = np.where(mods.model_row >= 0, mods.model_row, f.base_model_idx)
-        fallback = mods.fallback if mods.fallback is not None else np.zeros((n, n_l))
-        n_col = n_steps[:, None]
+        fallback = mods.fallback if mods.fallback is not None else self._zeros
         cycles = busy * (clock_mhz * 1e6)[:, None]
+        stall *= cycles
         return Frame(
-            k=k, ts=t_end, emit=emit, flops=flops_w, busy_s=busy, cycles=cycles,
-            stall=cycles * stall, occupancy=occ, bytes_hbm=bytes_hbm * n_col, sram_hit=hit,
-            spill=spill * n_col, sync=sync * n_col, kernel=kernel, fallback=fallback,
-            req_rate=req_rate, queue_depth=q_depth, queue_wait_ms=q_wait, batch=batch,
-            power_w=power, temp_c=temp_obs, clock_mhz=clock_mhz, p50=p50, p95=p95, p99=p99,
-            quality=np.minimum(quality, 1.0), errors=errors, model_row=model_row,
+            k=k,
+            ts=t_end,
+            emit=emit,
+            flops=flops,
+            busy_s=busy,
+            cycles=cycles,
+            stall=stall,
+            occupancy=occ,
+            bytes_hbm=bytes_hbm,
+            sram_hit=hit,
+            spill=spill,
+            sync=sync,
+            kernel=kernel,
+            fallback=fallback,
+            req_rate=req_rate,
+            queue_depth=q_depth,
+            queue_wait_ms=q_wait,
+            batch=batch,
+            power_w=power,
+            temp_c=temp_obs,
+            clock_mhz=clock_mhz,
+            p50=p50,
+            p95=p95,
+            p99=p99,
+            quality=np.minimum(quality, 1.0),
+            errors=errors,
+            model_row=model_row,
             in_burst=bursting[f.pool_idx],
-        )  # fmt: skip
+        )
+
+
+_DEV_NOISE_ROWS = 13  # per-device normals one window uses (see the g[...] rows in step)
 
 
 class _SubFleet(Fleet):
@@ -418,10 +517,20 @@ class _SubFleet(Fleet):
         self.device_names = [full.device_names[i] for i in idx.tolist()]
         self.base_model_idx = full.base_model_idx[idx]
         for name in (
-            "flops_tok", "weight_bytes", "act_bytes_tok", "reuse_bytes_tok", "kernels", "eff_c",
-            "eff_m", "occupancy", "sram_hit", "present", "kernel_base", "kernel_fallback",
+            "flops_tok",
+            "weight_bytes",
+            "act_bytes_tok",
+            "reuse_bytes_tok",
+            "kernels",
+            "eff_c",
+            "eff_m",
+            "occupancy",
+            "sram_hit",
+            "present",
+            "kernel_base",
+            "kernel_fallback",
             "is_train",
-        ):  # fmt: skip
+        ):
             setattr(self, name, getattr(full, name)[idx])
         self.pool_present = full.pool_present
         self.dev = {k: v[idx] for k, v in full.dev.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -30,17 +31,24 @@ def write_recording(sim: Simulation, path: Path) -> int:
     lpath = labels_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    with path.open("wb") as raw:
+    with path.open("wb") as raw, ThreadPoolExecutor(max_workers=1) as writer:
         fh: IO[bytes] | gzip.GzipFile = raw
         if path.name.endswith(".gz"):
-            # mtime=0 keeps the bytes identical across runs of the same seed
-            fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
+            # mtime=0 keeps the bytes identical across runs; level 3 is ~2x faster than 6
+            fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3)
         with fh:
+            # zlib releases the GIL: window k compresses while window k+1 is simulated
+            pending: Future[int] | None = None
             for win in sim.windows():
                 lines = [v for _, v in win.changes]
                 lines += [v for _, v in win.records]
                 n += len(win.records)
-                if lines:
-                    fh.write(b"\n".join(lines) + b"\n")
+                if not lines:
+                    continue
+                if pending is not None:
+                    pending.result()
+                pending = writer.submit(fh.write, b"\n".join(lines) + b"\n")
+            if pending is not None:
+                pending.result()
     lpath.write_text(json.dumps(sim.labels, indent=1) + "\n")
     return n

@@ -41,9 +41,12 @@ class StreamFaultStats:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready counts and the malformed records' (ts, device, kind)."""
         return {
-            "duplicates": self.duplicates, "late": self.late, "malformed": self.malformed,
-            "gap_records": self.gap_records, "malformed_records": list(self.malformed_examples),
-        }  # fmt: skip
+            "duplicates": self.duplicates,
+            "late": self.late,
+            "malformed": self.malformed,
+            "gap_records": self.gap_records,
+            "malformed_records": list(self.malformed_examples),
+        }
 
 
 class Simulation:
@@ -78,8 +81,14 @@ class Simulation:
 
     def physics(self) -> Physics:
         """A fresh physics state at the start of the run."""
-        return Physics(self.fleet, list(self.plan.faults), self.plan.noise, seed=self.seed,
-                       window_s=self.window_s, start_ts=self.start_ts)  # fmt: skip
+        return Physics(
+            self.fleet,
+            list(self.plan.faults),
+            self.plan.noise,
+            seed=self.seed,
+            window_s=self.window_s,
+            start_ts=self.start_ts,
+        )
 
     def frames(self) -> Iterator[Frame]:
         """Window frames as arrays (no encoding), in event-time order."""
@@ -125,13 +134,20 @@ class Simulation:
         for p_i, p in enumerate(f.pools):
             devs = f.pool_devices(p.name)
             bursts = [[b.start, b.end, b.mult] for b in p.traffic.bursts]
-            pools.append({
-                "name": p.name, "model": p.model, "workload": p.workload, "hw": p.hw,
-                "dtype": p.dtype, "mode": "train" if f.is_train[devs[0]] else "serve",
-                "devices": len(devs), "hosts": len(f.pool_hosts(p.name)),
-                "layers": [lt for j, lt in enumerate(f.layers) if f.pool_present[p_i, j]],
-                "bursts": bursts,
-            })  # fmt: skip
+            pools.append(
+                {
+                    "name": p.name,
+                    "model": p.model,
+                    "workload": p.workload,
+                    "hw": p.hw,
+                    "dtype": p.dtype,
+                    "mode": "train" if f.is_train[devs[0]] else "serve",
+                    "devices": len(devs),
+                    "hosts": len(f.pool_hosts(p.name)),
+                    "layers": [lt for j, lt in enumerate(f.layers) if f.pool_present[p_i, j]],
+                    "bursts": bursts,
+                }
+            )
         return {
             "scenario": self.scenario.name,
             "description": self.scenario.description,
@@ -169,9 +185,9 @@ class _Dirty:
         self.hosts = {k: k.split(b"/")[0] for k in (d.encode() for d in sim.fleet.device_names)}
         self.host_list = sorted(set(self.hosts.values()))
 
-    def apply(self, k: int, ts: float, records: list[tuple[bytes, bytes]]) -> list[
-        tuple[bytes, bytes]
-    ]:  # fmt: skip
+    def apply(
+        self, k: int, ts: float, records: list[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
         rng = np.random.Generator(np.random.PCG64([self.sim.seed, 0xD127, k]))
         st = self.stats
         for _ in range(int(rng.poisson(self.GAP * len(self.host_list)))):
@@ -238,7 +254,11 @@ def simulate(
     """Configure a run of the named scenario; raises UnknownScenario for an unknown name."""
     sc = get(scenario)
     return Simulation(
-        sc, devices=devices or sc.default_devices,
-        duration_s=duration_s if duration_s is not None else sc.default_duration_s, seed=seed,
-        window_s=window_s, start_ts=start_ts, faults=faults,
-    )  # fmt: skip
+        sc,
+        devices=devices or sc.default_devices,
+        duration_s=duration_s if duration_s is not None else sc.default_duration_s,
+        seed=seed,
+        window_s=window_s,
+        start_ts=start_ts,
+        faults=faults,
+    )

@@ -26,9 +26,13 @@ from sim.traffic import Burst, TrafficSpec, random_bursts
 Level = Literal["pool", "host", "device"]
 
 MILD = NoiseSpec(
-    device_sigma=0.015, straggler_frac=0.0, wander_sigma=0.008, white_sigma=0.01,
-    outlier_rate=1e-4, silence_rate=0.0,
-)  # fmt: skip
+    device_sigma=0.015,
+    straggler_frac=0.0,
+    wander_sigma=0.008,
+    white_sigma=0.01,
+    outlier_rate=1e-4,
+    silence_rate=0.0,
+)
 REALISTIC = NoiseSpec(silence_rate=3e-4)
 
 
@@ -58,10 +62,16 @@ class Change:
     def to_dict(self) -> dict[str, Any]:
         """The change event as its wire JSON object."""
         return {
-            "v": 1, "ts": self.ts, "id": self.id, "kind": self.kind, "scope": dict(self.scope),
-            "from": self.from_, "to": self.to, "author": self.author,
+            "v": 1,
+            "ts": self.ts,
+            "id": self.id,
+            "kind": self.kind,
+            "scope": dict(self.scope),
+            "from": self.from_,
+            "to": self.to,
+            "author": self.author,
             "url": f"https://ci.example/run/{self.id.removeprefix('chg-')}",
-        }  # fmt: skip
+        }
 
     @property
     def key(self) -> bytes:
@@ -105,9 +115,14 @@ class BuildContext:
     """Parameters of one run plus helpers that keep every placement window-aligned and seeded."""
 
     def __init__(
-        self, name: str, devices: int, duration_s: float, seed: int, window_s: float,
+        self,
+        name: str,
+        devices: int,
+        duration_s: float,
+        seed: int,
+        window_s: float,
         start_ts: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.name = name
         self.devices = devices
         self.duration_s = duration_s
@@ -171,13 +186,21 @@ def _train_b(share: float = 1.0) -> PoolSpec:
 
 
 def _serve_a(traffic: TrafficSpec, share: float = 1.0) -> PoolSpec:
-    return PoolSpec("serve-a", "llama-8b/serve", "v3", share=share, traffic=traffic,
-                    versions=("v4",))  # fmt: skip
+    return PoolSpec(
+        "serve-a", "llama-8b/serve", "v3", share=share, traffic=traffic, versions=("v4",)
+    )
 
 
 def _serve_moe(traffic: TrafficSpec, share: float = 1.0) -> PoolSpec:
-    return PoolSpec("serve-moe", "mixtral-8x7b/serve", "v2", hw="h200", share=share,
-                    traffic=traffic, versions=("v3",))  # fmt: skip
+    return PoolSpec(
+        "serve-moe",
+        "mixtral-8x7b/serve",
+        "v2",
+        hw="h200",
+        share=share,
+        traffic=traffic,
+        versions=("v3",),
+    )
 
 
 def _vision(traffic: TrafficSpec, share: float = 1.0) -> PoolSpec:
@@ -187,57 +210,89 @@ def _vision(traffic: TrafficSpec, share: float = 1.0) -> PoolSpec:
 # --- reusable incident builders --------------------------------------------------------------
 
 
-def _kernel_fallback(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple[
-    Fault, Change, Incident
-]:  # fmt: skip
+def _kernel_fallback(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float
+) -> tuple[Fault, Change, Incident]:
     onset = ctx.at(frac) + ctx.w
     chg = ctx.change("kernel_lib", {"pool": pool}, "2.3.0", "2.4.0", ctx.at(frac) + 0.3 * ctx.w)
     col = fleet.layer_col("attention")
     new_kernel = "flash_attn_v2_compat"
     fault = KernelFallback(
-        onset_ts=onset, devices=fleet.pool_devices(pool), end_ts=None, col=col, frac=0.4,
-        slow=1.45, kernel_row=fleet.kernel_id(new_kernel),
-    )  # fmt: skip
+        onset_ts=onset,
+        devices=fleet.pool_devices(pool),
+        end_ts=None,
+        col=col,
+        frac=0.4,
+        slow=1.45,
+        kernel_row=fleet.kernel_id(new_kernel),
+    )
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool=pool, level="pool", layers=["attention"],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool=pool,
+        level="pool",
+        layers=["attention"],
         indicators=[("fallback_frac", "attention"), ("mfu", "attention")],
         unchanged=[("mfu", "mlp"), ("sram_hit", "attention")],
-        stage="lowering", bottleneck="kernel_selection", change_id=chg.id,
-        kernels={"attention": {"before": fleet.kernel_names[fleet.kernel_base[fault.devices[0],
-                                                                              col]],
-                               "after": new_kernel}},
+        stage="lowering",
+        bottleneck="kernel_selection",
+        change_id=chg.id,
+        kernels={
+            "attention": {
+                "before": fleet.kernel_names[fleet.kernel_base[fault.devices[0], col]],
+                "after": new_kernel,
+            }
+        },
         description="kernel_lib 2.4.0 selects a compat attention kernel; 40% of attention ops "
         "fall back to a slower path",
-    )  # fmt: skip
+    )
     return fault, chg, inc
 
 
-def _tiling(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple[
-    Fault, Change, Incident
-]:  # fmt: skip
+def _tiling(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float
+) -> tuple[Fault, Change, Incident]:
     onset = ctx.at(frac) + ctx.w
-    chg = ctx.change("compiler", {"pool": pool}, "xla-2026.03", "xla-2026.04",
-                     ctx.at(frac) + 0.5 * ctx.w)  # fmt: skip
-    fault = Tiling(onset_ts=onset, devices=fleet.pool_devices(pool), end_ts=None,
-                   col=fleet.layer_col("mlp"))  # fmt: skip
+    chg = ctx.change(
+        "compiler", {"pool": pool}, "xla-2026.03", "xla-2026.04", ctx.at(frac) + 0.5 * ctx.w
+    )
+    fault = Tiling(
+        onset_ts=onset, devices=fleet.pool_devices(pool), end_ts=None, col=fleet.layer_col("mlp")
+    )
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool=pool, level="pool", layers=["mlp"],
-        indicators=[("sram_hit", "mlp"), ("intensity", "mlp"), ("occupancy", "mlp"),
-                    ("mfu", "mlp"), ("stall_frac", "mlp")],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool=pool,
+        level="pool",
+        layers=["mlp"],
+        indicators=[
+            ("sram_hit", "mlp"),
+            ("intensity", "mlp"),
+            ("occupancy", "mlp"),
+            ("mfu", "mlp"),
+            ("stall_frac", "mlp"),
+        ],
         unchanged=[("fallback_frac", "mlp"), ("mfu", "attention")],
-        stage="scheduling", bottleneck="tiling", change_id=chg.id,
+        stage="scheduling",
+        bottleneck="tiling",
+        change_id=chg.id,
         description="the new compiler halves the MLP GEMM tile: weight panels are re-read twice "
         "as often and miss SRAM more, the GEMM turns memory-bound",
-    )  # fmt: skip
+    )
     return fault, chg, inc
 
 
-def _placement(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple[
-    Fault, Change, Incident
-]:  # fmt: skip
+def _placement(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float
+) -> tuple[Fault, Change, Incident]:
     onset = ctx.at(frac) + ctx.w
-    chg = ctx.change("scheduler_config", {"pool": pool}, "kv-placement=sram-first",
-                     "kv-placement=hbm", ctx.at(frac) + 0.5 * ctx.w)  # fmt: skip
+    chg = ctx.change(
+        "scheduler_config",
+        {"pool": pool},
+        "kv-placement=sram-first",
+        "kv-placement=hbm",
+        ctx.at(frac) + 0.5 * ctx.w,
+    )
     fault = MemoryPlacement(
         onset_ts=onset,
         devices=fleet.pool_devices(pool),
@@ -247,78 +302,121 @@ def _placement(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple
         hit_scale=0.8,
     )
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool=pool, level="pool", layers=["attention"],
-        indicators=[("spill_bytes", "attention"), ("sram_hit", "attention"),
-                    ("intensity", "attention"), ("mfu", "attention")],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool=pool,
+        level="pool",
+        layers=["attention"],
+        indicators=[
+            ("spill_bytes", "attention"),
+            ("sram_hit", "attention"),
+            ("intensity", "attention"),
+            ("mfu", "attention"),
+        ],
         unchanged=[("fallback_frac", "attention"), ("mfu", "mlp")],
-        stage="scheduling", bottleneck="memory_placement", change_id=chg.id,
+        stage="scheduling",
+        bottleneck="memory_placement",
+        change_id=chg.id,
         description="a scheduler config places attention scratch buffers in HBM: spill traffic, "
         "lower SRAM hit rate, the memory-bound decode attention slows",
-    )  # fmt: skip
+    )
     return fault, chg, inc
 
 
-def _sync(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple[Fault, Incident]:
+def _sync(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float, factor: float = 4.0
+) -> tuple[Fault, Incident]:
     onset = ctx.at(frac)
     hosts = fleet.pool_hosts(pool)
     host = int(hosts[int(ctx.rng.integers(0, len(hosts)))])
-    fault = Contention(onset_ts=onset, devices=fleet.host_devices(host), end_ts=None, factor=4.0)
+    fault = Contention(onset_ts=onset, devices=fleet.host_devices(host), end_ts=None, factor=factor)
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool=pool, level="host", layers=["allreduce"],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool=pool,
+        level="host",
+        layers=["allreduce"],
         indicators=[("sync_frac", "allreduce"), ("mfu", "allreduce"), ("device_mfu", None)],
-        unchanged=[("mfu", "mlp"), ("mfu", "attention"), ("temp_c", None)],
-        stage="execution", bottleneck="sync", change_id=None,
-        description="link contention on one host: its all-reduces wait ~3x their transfer time",
-    )  # fmt: skip
+        unchanged=[("mfu", "mlp"), ("mfu", "attention"), ("sram_hit", "allreduce")],
+        stage="execution",
+        bottleneck="sync",
+        change_id=None,
+        description=f"link contention on one host: its all-reduces wait {factor - 1:g}x their "
+        "transfer time",
+    )
     return fault, inc
 
 
-def _thermal(ctx: BuildContext, fleet: Fleet, pool: str, frac: float, n: int = 3) -> tuple[
-    Fault, Incident
-]:  # fmt: skip
+def _thermal(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float, n: int = 3
+) -> tuple[Fault, Incident]:
     onset = ctx.at(frac)
     devs = fleet.pool_devices(pool)
     pick = np.sort(ctx.rng.choice(devs, size=min(n, len(devs)), replace=False)).astype(np.int64)
     fault = Cooling(onset_ts=onset, devices=pick, end_ts=None, factor=4.0)
     gemm = "conv" if fleet.pools[fleet.pool_id(pool)].workload.startswith("resnet") else "mlp"
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool=pool, level="device", layers=[gemm],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool=pool,
+        level="device",
+        layers=[gemm],
         indicators=[("temp_c", None), ("clock_mhz", None), ("mfu", gemm)],
         unchanged=[("sram_hit", gemm), ("fallback_frac", gemm)],
-        stage="execution", bottleneck="thermal", change_id=None, settle_windows=12,
+        stage="execution",
+        bottleneck="thermal",
+        change_id=None,
+        settle_windows=12,
         description="cooling degrades on a few devices: temperature climbs past the throttle "
         "point, the clock steps down and compute-bound layers lose FLOP/s",
-    )  # fmt: skip
+    )
     return fault, inc
 
 
-def _ingress(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple[
-    Fault, Change, Incident
-]:  # fmt: skip
+def _ingress(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float
+) -> tuple[Fault, Change, Incident]:
     onset = ctx.at(frac) + ctx.w
-    chg = ctx.change("traffic_policy", {"pool": pool}, "admission=token-bucket(2000/s)",
-                     "admission=token-bucket(400/s)", ctx.at(frac) + 0.5 * ctx.w)  # fmt: skip
-    fault = IngressDelay(onset_ts=onset, devices=fleet.pool_devices(pool), end_ts=None,
-                         delay_ms=250.0)  # fmt: skip
+    chg = ctx.change(
+        "traffic_policy",
+        {"pool": pool},
+        "admission=token-bucket(2000/s)",
+        "admission=token-bucket(400/s)",
+        ctx.at(frac) + 0.5 * ctx.w,
+    )
+    fault = IngressDelay(
+        onset_ts=onset, devices=fleet.pool_devices(pool), end_ts=None, delay_ms=250.0
+    )
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool=pool, level="pool", layers=[],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool=pool,
+        level="pool",
+        layers=[],
         indicators=[("queue_wait_ms", None), ("queue_depth", None), ("lat_p99_ms", None)],
         unchanged=[("mfu", "attention"), ("mfu", "mlp"), ("batch", None)],
-        stage="ingress", bottleneck="admission_queueing", change_id=chg.id,
+        stage="ingress",
+        bottleneck="admission_queueing",
+        change_id=chg.id,
         description="a tighter router admission policy queues requests before batching: queue "
         "and p99 rise, the accelerators are unaffected",
-    )  # fmt: skip
+    )
     return fault, chg, inc
 
 
-def _quality(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple[
-    Fault, Change, Incident
-]:  # fmt: skip
+def _quality(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float
+) -> tuple[Fault, Change, Incident]:
     onset = ctx.at(frac) + ctx.w
     p = fleet.pools[fleet.pool_id(pool)]
     new = p.versions[0]
-    chg = ctx.change("model", {"pool": pool}, p.model, f"{p.model.split('@')[0]}@{new}",
-                     ctx.at(frac) + 0.5 * ctx.w)  # fmt: skip
+    chg = ctx.change(
+        "model",
+        {"pool": pool},
+        p.model,
+        f"{p.model.split('@')[0]}@{new}",
+        ctx.at(frac) + 0.5 * ctx.w,
+    )
     fault = ModelDeploy(
         onset_ts=onset,
         devices=fleet.pool_devices(pool),
@@ -327,13 +425,19 @@ def _quality(ctx: BuildContext, fleet: Fleet, pool: str, frac: float) -> tuple[
         quality_delta=-0.04,
     )
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool=pool, level="pool", layers=[],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool=pool,
+        level="pool",
+        layers=[],
         indicators=[("quality", None)],
         unchanged=[("mfu", "attention"), ("mfu", "mlp"), ("lat_p99_ms", None), ("batch", None)],
-        stage="validation", bottleneck="model_quality", change_id=chg.id,
+        stage="validation",
+        bottleneck="model_quality",
+        change_id=chg.id,
         description="a new model version with the same shapes scores lower in validation; the "
         "hardware metrics do not move",
-    )  # fmt: skip
+    )
     return fault, chg, inc
 
 
@@ -381,8 +485,9 @@ def _sync_sc(ctx: BuildContext) -> Plan:
 
 def _thermal_sc(ctx: BuildContext) -> Plan:
     onset = ctx.at(0.4)
-    traffic = TrafficSpec(diurnal_amp=0.2, base_load=0.4,
-                          bursts=ctx.bursts(1.0, avoid=(ctx.quiet(onset, 12),)))  # fmt: skip
+    traffic = TrafficSpec(
+        diurnal_amp=0.2, base_load=0.4, bursts=ctx.bursts(1.0, avoid=(ctx.quiet(onset, 12),))
+    )
     fleet = Fleet([_vision(traffic, 2.0), _train_a()], ctx.devices)
     fault, inc = _thermal(ctx, fleet, "vision", 0.4)
     return Plan(fleet, REALISTIC, [fault], [], [inc])
@@ -400,16 +505,31 @@ def _burst_only(ctx: BuildContext) -> Plan:
     t_chg = ctx.at(0.45) + 0.5 * w
     chg = ctx.change("compiler", {"pool": "serve-a"}, "triton-3.4", "triton-3.5", t_chg)
     # steps of a normal load carry ~270 tokens, a 2.5x burst ~670: only bursts cross 450
-    fault = Tiling(onset_ts=ctx.at(0.45) + w, devices=fleet.pool_devices("serve-a"), end_ts=None,
-                   col=fleet.layer_col("mlp"), min_tokens=450.0)  # fmt: skip
+    fault = Tiling(
+        onset_ts=ctx.at(0.45) + w,
+        devices=fleet.pool_devices("serve-a"),
+        end_ts=None,
+        col=fleet.layer_col("mlp"),
+        min_tokens=450.0,
+        hit_scale=0.8,
+        occ_scale=0.8,
+        eff_scale=0.95,
+    )
     inc = Incident(
-        id=ctx.incident_id(), fault=fault, pool="serve-a", level="pool", layers=["mlp"],
+        id=ctx.incident_id(),
+        fault=fault,
+        pool="serve-a",
+        level="pool",
+        layers=["mlp"],
         indicators=[("sram_hit", "mlp"), ("intensity", "mlp"), ("mfu", "mlp")],
         unchanged=[("fallback_frac", "mlp"), ("mfu", "attention")],
-        stage="scheduling", bottleneck="tiling", change_id=chg.id, condition="burst",
+        stage="scheduling",
+        bottleneck="tiling",
+        change_id=chg.id,
+        condition="burst",
         description="the new compiler picks a bad tile only for large GEMMs; MLP MFU falls only "
         "while bursts push the batch above the threshold",
-    )  # fmt: skip
+    )
     return Plan(fleet, REALISTIC, [fault], [chg], [inc])
 
 
@@ -444,15 +564,26 @@ def _deploys(ctx: BuildContext) -> Plan:
     fleet = Fleet([_train_a(), _serve_a(tr, 2.0)], ctx.devices)
     k_new = fleet.kernel_id("flash_attn_v3_1")
     c1 = ctx.change("kernel_lib", {"pool": "train-a"}, "2.3.0", "2.3.1", ctx.at(0.3) + 0.5 * w)
-    f1 = KernelSwap(onset_ts=ctx.at(0.3) + w, devices=fleet.pool_devices("train-a"), end_ts=None,
-                    col=fleet.layer_col("attention"), kernel_row=k_new)  # fmt: skip
+    f1 = KernelSwap(
+        onset_ts=ctx.at(0.3) + w,
+        devices=fleet.pool_devices("train-a"),
+        end_ts=None,
+        col=fleet.layer_col("attention"),
+        kernel_row=k_new,
+    )
     c2 = ctx.change("driver", {"pool": "serve-a"}, "550.90.07", "550.127.05", ctx.at(0.45) + 2.0)
-    c3 = ctx.change("model", {"pool": "serve-a"}, "llama-8b@v3", "llama-8b@v4",
-                    ctx.at(0.6) + 0.5 * w)  # fmt: skip
-    f3 = ModelDeploy(onset_ts=ctx.at(0.6) + w, devices=fleet.pool_devices("serve-a"), end_ts=None,
-                     model_row=fleet.model_row[(fleet.pool_id("serve-a"), "v4")])  # fmt: skip
-    c4 = ctx.change("traffic_policy", {"pool": "serve-a"}, "weight=1.0", "weight=1.3",
-                    t_traffic - 0.5 * w)  # fmt: skip
+    c3 = ctx.change(
+        "model", {"pool": "serve-a"}, "llama-8b@v3", "llama-8b@v4", ctx.at(0.6) + 0.5 * w
+    )
+    f3 = ModelDeploy(
+        onset_ts=ctx.at(0.6) + w,
+        devices=fleet.pool_devices("serve-a"),
+        end_ts=None,
+        model_row=fleet.model_row[(fleet.pool_id("serve-a"), "v4")],
+    )
+    c4 = ctx.change(
+        "traffic_policy", {"pool": "serve-a"}, "weight=1.0", "weight=1.3", t_traffic - 0.5 * w
+    )
     return Plan(fleet, REALISTIC, [f1, f3], [c1, c2, c3, c4], [])
 
 
@@ -464,9 +595,15 @@ def _fleet_day(ctx: BuildContext) -> Plan:
     moe_tr = TrafficSpec(diurnal_amp=0.3, bursts=ctx.bursts(1.0, avoid=quiet))
     vis_tr = TrafficSpec(diurnal_amp=0.2, base_load=0.4, bursts=ctx.bursts(0.5, avoid=quiet))
     fleet = Fleet(
-        [_train_a(3.0), _train_b(2.0), _serve_a(serve_tr, 2.0), _serve_moe(moe_tr),
-         _vision(vis_tr)], ctx.devices,
-    )  # fmt: skip
+        [
+            _train_a(3.0),
+            _train_b(2.0),
+            _serve_a(serve_tr, 2.0),
+            _serve_moe(moe_tr),
+            _vision(vis_tr),
+        ],
+        ctx.devices,
+    )
     faults: list[Fault] = []
     changes: list[Change] = []
     incidents: list[Incident] = []
@@ -481,12 +618,14 @@ def _fleet_day(ctx: BuildContext) -> Plan:
     f2, i2 = _thermal(ctx, fleet, "vision", fracs["thermal"])
     f3, c3, i3 = _placement(ctx, fleet, "serve-a", fracs["placement"])
     f4, c4, i4 = _ingress(ctx, fleet, "serve-moe", fracs["ingress"])
-    f5, i5 = _sync(ctx, fleet, "train-b", fracs["sync"])
+    # train-b's gradient all-reduce is short next to its step, so its NIC must degrade badly
+    f5, i5 = _sync(ctx, fleet, "train-b", fracs["sync"], factor=12.0)
     faults += [f2, f3, f4, f5]
     changes += [c3, c4]
     incidents += [i2, i3, i4, i5]
-    changes.append(ctx.change("driver", {"pool": "train-b"}, "550.90.07", "550.127.05",
-                              ctx.at(0.2) + 1.0))  # fmt: skip
+    changes.append(
+        ctx.change("driver", {"pool": "train-b"}, "550.90.07", "550.127.05", ctx.at(0.2) + 1.0)
+    )
     changes.sort(key=lambda ch: ch.ts)
     return Plan(fleet, REALISTIC, faults, changes, incidents)
 

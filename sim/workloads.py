@@ -12,8 +12,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 LAYER_TYPES: tuple[str, ...] = (
-    "attention", "mlp", "embedding", "norm", "softmax", "moe_router", "allreduce", "conv", "other",
-)  # fmt: skip
+    "attention",
+    "mlp",
+    "embedding",
+    "norm",
+    "softmax",
+    "moe_router",
+    "allreduce",
+    "conv",
+    "other",
+)
 LAYER_INDEX: dict[str, int] = {name: i for i, name in enumerate(LAYER_TYPES)}
 
 Mode = Literal["train", "serve"]

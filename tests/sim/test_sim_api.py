@@ -21,8 +21,9 @@ START = 1_764_432_000.0
 
 @pytest.fixture(scope="module")
 def pool_run() -> Simulation:
-    return simulate("pool_regression", devices=64, duration_s=600.0, seed=7, window_s=10.0,
-                    start_ts=START)  # fmt: skip
+    return simulate(
+        "pool_regression", devices=64, duration_s=600.0, seed=7, window_s=10.0, start_ts=START
+    )
 
 
 def test_reexports() -> None:
@@ -127,13 +128,19 @@ def test_attention_regression_on_train_a_only(pool_run: Simulation) -> None:
     assert span_mean(ts_f, fb, before) == 0.0
     assert span_mean(ts_f, fb, after) == pytest.approx(0.4, abs=0.01)
     kernels_after = {
-        lay.kernel for r in dec.records[onset + 10.0] if r.pool == "train-a"
-        for lay in r.layers if lay.type == "attention"
-    }  # fmt: skip
+        lay.kernel
+        for r in dec.records[onset + 10.0]
+        if r.pool == "train-a"
+        for lay in r.layers
+        if lay.type == "attention"
+    }
     kernels_before = {
-        lay.kernel for r in dec.records[onset] if r.pool == "train-a"
-        for lay in r.layers if lay.type == "attention"
-    }  # fmt: skip
+        lay.kernel
+        for r in dec.records[onset]
+        if r.pool == "train-a"
+        for lay in r.layers
+        if lay.type == "attention"
+    }
     assert kernels_before == {inc["kernels"]["attention"]["before"]}
     assert kernels_after == {inc["kernels"]["attention"]["after"]}
     assert kernels_before != kernels_after
@@ -142,8 +149,16 @@ def test_attention_regression_on_train_a_only(pool_run: Simulation) -> None:
 def test_labels_describe_the_incident(pool_run: Simulation) -> None:
     """Labels name the scope, stage, bottleneck, change and the size of the move; JSON-ready."""
     lab = json.loads(json.dumps(pool_run.labels))
-    for key in ("scenario", "seed", "devices", "window_s", "start_ts", "duration_s",
-                "incidents", "changes"):  # fmt: skip
+    for key in (
+        "scenario",
+        "seed",
+        "devices",
+        "window_s",
+        "start_ts",
+        "duration_s",
+        "incidents",
+        "changes",
+    ):
         assert key in lab
     assert (lab["scenario"], lab["seed"], lab["devices"]) == ("pool_regression", 7, 64)
     (inc,) = lab["incidents"]

@@ -1,0 +1,1 @@
+"""Benchmarks: `python bench/<name>.py --json PATH` (a package so `bench/sim.py` is `bench.sim`)."""

@@ -1,0 +1,154 @@
+"""`flopwatch sim`: list scenarios, write a recording with labels, or produce to Kafka."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from sim.kafka import produce
+from sim.recording import labels_path, write_recording
+from sim.run import DEFAULT_START_TS, Simulation, simulate
+from sim.scenarios import SCENARIOS, UnknownScenario
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `90s`, `20m`, `2h`, `1d` or plain seconds; raises ValueError."""
+    m = _DURATION.match(text.lower())
+    if m is None:
+        raise ValueError(f"bad duration {text!r} (use e.g. 90s, 20m, 2h or seconds)")
+    secs = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if secs <= 0:
+        raise ValueError(f"duration must be > 0, got {text!r}")
+    return secs
+
+
+def parse_speed(text: str) -> float | None:
+    """None for `max` (as fast as possible), else a factor > 0 (`1` = real time, `10x`)."""
+    t = text.strip().lower()
+    if t in {"max", "inf", "fast"}:
+        return None
+    t = t.removesuffix("x")
+    try:
+        v = float(t)
+    except ValueError:
+        raise ValueError(f"bad speed {text!r} (use max, 1 for real time, or a factor)") from None
+    if not v > 0:
+        raise ValueError(f"speed must be > 0, got {text!r}")
+    return v
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's options to `parser` (the `flopwatch sim` subcommand)."""
+    parser.add_argument("--list", action="store_true", help="list scenarios and exit")
+    parser.add_argument("--scenario", help="scenario name (see --list)")
+    parser.add_argument("--devices", type=int, help="fleet size (default: the scenario's)")
+    parser.add_argument("--duration", help="event time to simulate: 90s, 20m, 2h or seconds")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    parser.add_argument("--window", default="10s", help="window length (default 10s)")
+    parser.add_argument(
+        "--start-ts", type=float, default=DEFAULT_START_TS, help="event time of the run's start"
+    )
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="add duplicates, late records, host gaps and malformed lines",
+    )
+    dest = parser.add_mutually_exclusive_group()
+    dest.add_argument("--out", type=Path, help="write DIR/<scenario>.jsonl.gz and its labels")
+    dest.add_argument("--kafka", metavar="BOOTSTRAP", help="produce to this Kafka bootstrap")
+    parser.add_argument(
+        "--gzip",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compress the recording (default on)",
+    )
+    parser.add_argument(
+        "--speed", default="max", help="Kafka pacing: max, 1 (real time) or a factor like 60"
+    )
+    parser.add_argument("--samples-topic", default="flopwatch.samples")
+    parser.add_argument("--changes-topic", default="flopwatch.changes")
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"flopwatch sim: error: {message}\n")
+    raise SystemExit(2)
+
+
+def _build(args: argparse.Namespace) -> Simulation:
+    if not args.scenario:
+        _fail("--scenario is required (see --list)")
+    try:
+        duration = parse_duration(args.duration) if args.duration else None
+        window = parse_duration(args.window)
+    except ValueError as exc:
+        _fail(str(exc))
+    if args.devices is not None and args.devices <= 0:
+        _fail(f"--devices must be > 0, got {args.devices}")
+    try:
+        return simulate(
+            args.scenario,
+            devices=args.devices,
+            duration_s=duration,
+            seed=args.seed,
+            window_s=window,
+            start_ts=args.start_ts,
+            faults=args.faults,
+        )
+    except UnknownScenario as exc:
+        _fail(str(exc))
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+async def main(args: argparse.Namespace) -> int:
+    """Run the subcommand; errors print one line and raise SystemExit(2)."""
+    if args.list:
+        width = max(len(n) for n in SCENARIOS)
+        for name, sc in SCENARIOS.items():
+            sys.stdout.write(f"{name:<{width}}  {sc.description}\n")
+        return 0
+    if args.out is None and args.kafka is None:
+        _fail("one of --out DIR or --kafka BOOTSTRAP is required (or --list)")
+    try:
+        speed = parse_speed(args.speed)
+    except ValueError as exc:
+        _fail(str(exc))
+    sim = _build(args)
+    t0 = time.monotonic()
+    if args.out is not None:
+        path = Path(args.out) / f"{sim.scenario.name}.jsonl{'.gz' if args.gzip else ''}"
+        n = write_recording(sim, path)
+        sys.stdout.write(
+            f"wrote {n} records, {len(sim.plan.changes)} change events to {path} "
+            f"(labels: {labels_path(path)}) in {time.monotonic() - t0:.1f}s\n"
+        )
+        return 0
+    from aiokafka import AIOKafkaProducer  # noqa: PLC0415 - only the Kafka path needs it
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=args.kafka,
+        linger_ms=20,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+    )
+    try:
+        await producer.start()
+    except Exception as exc:  # noqa: BLE001 - any connect failure is a usage error here
+        await producer.stop()
+        _fail(f"cannot connect to Kafka at {args.kafka}: {exc}")
+    try:
+        n = await produce(sim, producer, args.samples_topic, args.changes_topic, speed)
+    finally:
+        await producer.stop()
+    sys.stdout.write(
+        f"produced {n} records to {args.samples_topic} and {len(sim.plan.changes)} change "
+        f"events to {args.changes_topic} in {time.monotonic() - t0:.1f}s\n"
+    )
+    return 0
