@@ -94,9 +94,11 @@ def score(labels: dict[str, Any], alerts: list[Alert], tolerance: float) -> Scen
     for inc in truth:
         lo = inc["onset_ts"] - tolerance * w
         hi = inc["onset_ts"] + tolerance * w
+        # Any record of an alert may carry the matching onset: it firms up as devices join.
         hits = [
             aid for aid, seq in by_id.items()
-            if seq[0].scope.pool == inc["scope"]["pool"] and lo <= seq[0].onset_ts <= hi
+            if seq[0].scope.pool == inc["scope"]["pool"]
+            and any(lo <= a.onset_ts <= hi for a in seq)
         ]  # fmt: skip
         if not hits:
             res.misses.append(inc["id"])

@@ -106,6 +106,8 @@ class AlertSettings(_Frozen):
     page_loss: float = Field(default=0.10, ge=0, description="MFU loss x share for page")
     max_devices_listed: int = Field(default=50, ge=1)
     max_skew_s: float = Field(default=60.0, ge=0, description="partition lag tolerated")
+    min_devices: int = Field(default=3, ge=1, description="devices that confirm an incident")
+    min_fraction: float = Field(default=0.05, ge=0, le=1, description="or this share of pool")
     settle_windows: int = Field(default=1, ge=0, description="wait this long before first page")
     update_growth: float = Field(default=0.2, ge=0, description="re-send when devices grow by")
     change_lookback_s: float = Field(default=6 * 3600.0, gt=0)

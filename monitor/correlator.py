@@ -9,10 +9,11 @@ widens from device to host to pool as more of the pool's devices join.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from statistics import median
 
-from monitor.metrics import BAD_DIRECTION, PRIMARY_METRICS
+from monitor.metrics import BAD_DIRECTION, CORROBORATING, PRIMARY_METRICS, PRIMARY_ORDER
 from monitor.wire import STAGES, Stage
 
 
@@ -79,12 +80,14 @@ class Incident:
 
     @property
     def primary_metric(self) -> str:
-        """The metric the alert is about: layer MFU first, then stall fraction, then device MFU."""
-        present = {p.metric for p in self.points}
-        for m in ("mfu", "stall_frac", "device_mfu"):
-            if m in present:
-                return m
-        return self.points[0].metric
+        """The most telling metric (PRIMARY_ORDER) among those that moved on at least half as
+        many devices as the widest one; a lone noisy MFU point never outranks a host-wide
+        device-MFU drop."""
+        devices: dict[str, set[str]] = {}
+        for p in self.points:
+            devices.setdefault(p.metric, set()).add(p.device)
+        widest = max(len(d) for d in devices.values())
+        return next(m for m in PRIMARY_ORDER if len(devices.get(m, ())) * 2 >= widest)
 
     def primary_points(self) -> list[ChangePoint]:
         """The points of the primary metric."""
@@ -105,6 +108,37 @@ class Incident:
         earliest = min(onsets.values())
         tie = self.window_s / 2
         return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
+
+    def confirmed_at(
+        self, pool_devices: int, min_devices: int, min_fraction: float
+    ) -> float | None:
+        """When it became corroborated enough to page (event time), or None if not yet.
+
+        Enough devices moved, or a second mechanism moved on the same device at the
+        same time: one noisy device is the commonest false page in a fleet, while a
+        real single-device fault (thermal, a bad link) shows a second indicator.
+        """
+        points = self.primary_points()
+        first_seen: dict[str, float] = {}
+        for p in sorted(points, key=lambda q: q.detected_ts):
+            first_seen.setdefault(p.device, p.detected_ts)
+        need = max(min_devices, math.ceil(min_fraction * pool_devices))
+        times = sorted(first_seen.values())
+        by_devices = times[need - 1] if len(times) >= need else math.inf
+        near = 2 * self.window_s
+        onsets = {p.device: p.onset_ts for p in points}
+        by_mechanism = min(
+            (
+                max(e.detected_ts, first_seen[e.device])
+                for e in self.evidence
+                if e.metric in CORROBORATING
+                and e.device in onsets
+                and abs(e.onset_ts - onsets[e.device]) <= near
+            ),
+            default=math.inf,
+        )
+        when = min(by_devices, by_mechanism)
+        return None if when == math.inf else when
 
     def scope_level(self, pool_devices: int, pool_fraction: float) -> str:
         """device, host or pool, from how many of the pool's devices moved."""
@@ -163,9 +197,12 @@ class Correlator:
         return None
 
     def drop_resolved(self, now_ts: float, keep_s: float) -> None:
-        """Forget resolved incidents older than keep_s."""
+        """Forget resolved incidents older than keep_s, and never-paged ones gone stale."""
         self.incidents = [
-            i for i in self.incidents if i.status == "open" or now_ts - i.last_ts <= keep_s
+            i
+            for i in self.incidents
+            if (i.status == "open" and (i.alert_id is not None or now_ts - i.anchor_ts <= keep_s))
+            or (i.status != "open" and now_ts - i.last_ts <= keep_s)
         ]
 
 

@@ -52,6 +52,10 @@ class AlertLifecycle:
             if first:
                 if now_ts - inc.detected_ts < self.s.settle_windows * inc.window_s:
                     continue
+                sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction)
+                if sure is None:
+                    continue
+                inc.detected_ts = sure
                 stage = inc.first_failing_stage()
                 inc.alert_id = fingerprint(
                     inc.pool, inc.model, inc.primary_metric, stage,

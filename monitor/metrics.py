@@ -36,8 +36,18 @@ STAGE_OF: dict[str, Stage] = {
     "quality": "validation",
 }  # fmt: skip
 
-# The metrics an alert is about; the others are evidence for attribution.
-PRIMARY_METRICS = frozenset({"mfu", "stall_frac", "device_mfu"})
+# The metrics an alert can be about, most telling first; the others are evidence only.
+# Ingress and validation incidents have MFU flat, so latency and quality must open them.
+PRIMARY_ORDER: tuple[str, ...] = (
+    "mfu", "stall_frac", "device_mfu", "quality", "lat_p99_ms", "queue_wait_ms",
+)  # fmt: skip
+PRIMARY_METRICS = frozenset(PRIMARY_ORDER)
+# Evidence that independently corroborates a change on the same device: a second
+# mechanism, not a second view of the same noisy timing (mfu and stall move together).
+CORROBORATING = frozenset({
+    "clock_mhz", "temp_c", "power_w", "sync_frac", "fallback_frac", "kernel",
+    "sram_hit", "spill_frac", "queue_wait_ms", "queue_depth", "quality",
+})  # fmt: skip
 # Direction that counts as a regression (+1 up is bad, -1 down is bad).
 BAD_DIRECTION: dict[str, int] = {
     "mfu": -1, "device_mfu": -1, "stall_frac": +1, "occupancy": -1, "sram_hit": -1,

@@ -6,24 +6,29 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    coefficient and a Huber (proposal 2) scale of the AR innovations.
 2. **Front-end.** Each sample becomes a standardised innovation
    ``z = (d - phi * d_prev) / sigma`` with ``d = x - level``, clipped at
-   ±`clip`, and shrunk by ``n / (n + youth)`` while the baseline is young.
-   Pre-whitening removes AR(1) autocorrelation; clipping bounds what a single
-   window can add (no single- or double-window outlier can alarm); the Huber
-   scale makes the clipped innovations have unit second moment under
-   heavy-tailed noise, so one threshold holds across noise shapes.
+   ±`clip`. Pre-whitening removes AR(1) autocorrelation; `phi` is an upper
+   confidence bound, because under-whitening pages and over-whitening only
+   slows. The Huber scale gives the clipped innovations unit second moment
+   under heavy tails too, so one threshold holds across noise shapes. While
+   the baseline is young, ``z`` is shrunk by ``1 - youth / n``.
 3. **Bank.** One-sided CUSUMs in log-likelihood-ratio units for a geometric
-   grid of shift sizes ``delta`` (in sigma), up and down:
-   ``S = max(0, S ± delta*z - delta²/2)``. The largest statistic over the bank
-   approximates the GLR for a shift of unknown size; an alarm is ``S > h``.
+   grid of shift sizes ``delta`` (sigma units), up and down:
+   ``S = max(0, S + min(±delta*z - delta²/2, step_cap))``. The largest
+   statistic approximates the GLR for a shift of unknown size; ``S > h``
+   alarms. `clip` and `step_cap` bound what one window adds, so single- or
+   double-window outliers cannot alarm. A member only votes once its level
+   rests on ``maturity / delta²`` samples (a small-shift CUSUM is only as good
+   as the baseline it is measured against).
 4. **Lagged baseline.** Each cell keeps a ring of its last `history` samples.
-   The level, scale and AR coefficient adapt slowly (windows of
-   `baseline_window`, `scale_window`, `ar_window` samples) from the sample
-   leaving the ring, i.e. `history` samples late, so a fresh shift is not
-   absorbed before it is detected.
+   Level, scale and AR coefficient adapt slowly (windows of `baseline_window`,
+   `scale_window`, `ar_window` samples) from the sample leaving the ring, i.e.
+   `history` samples late, so a fresh shift is not absorbed before it alarms.
 5. **On alarm.** The onset is the maximum-likelihood split of the ring against
-   the known baseline; `after` is the median since onset. The cell re-baselines
-   on the post-onset samples (burning in the rest). Alarms whose effect is below
-   `min_rel_change` of the level re-baseline silently.
+   the known baseline (or, for a slow shift that began before the ring, the
+   start of the smallest member's run); `after` is the median since onset.
+   The cell re-baselines on its post-onset samples (burning in the rest).
+   Alarms whose effect is below `min_rel_change` of the level re-baseline
+   silently, without a detection.
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from monitor.detect import _blob
 from monitor.detect.base import F64, I64, Detections
 
 F32 = npt.NDArray[np.float32]
+I32 = npt.NDArray[np.int32]
 _MAD_TO_SIGMA = 1.4826
 _N_MAX = 1 << 30  # saturating sample counter
+_EPS32 = np.float32(1e-12)
 
 
 def clipped_second_moment(c: float) -> float:
@@ -47,6 +54,13 @@ def clipped_second_moment(c: float) -> float:
     tail = math.erfc(c / math.sqrt(2.0))  # P(|Z| > c)
     pdf = math.exp(-0.5 * c * c) / math.sqrt(2.0 * math.pi)
     return (1.0 - tail) - 2.0 * c * pdf + c * c * tail
+
+
+def _get(arr: np.ndarray, sel: slice | I64) -> np.ndarray:
+    """The last-axis selection of `arr`: a view for a slice, a fast gather (copy) else."""
+    if isinstance(sel, slice):
+        return arr[..., sel]
+    return np.take(arr, sel, axis=-1)
 
 
 def _cells_of(sel: slice | I64) -> I64:
@@ -60,7 +74,7 @@ class BankCusum:
     """Bank of one-sided CUSUMs with a robust, lagged, AR(1)-whitened front-end.
 
     `h` is the decision threshold in log-likelihood-ratio units; shift sizes,
-    `clip` and the scale are in robust innovation sigmas.
+    `clip` and `step_cap` are in robust innovation sigmas / LLR units.
     """
 
     kind: ClassVar[str] = "bank"
@@ -69,30 +83,31 @@ class BankCusum:
     _SCALARS: ClassVar[dict[str, type[np.generic]]] = {
         "n": np.int32,  # samples since (re)start: burn-in and youth
         "nb": np.int32,  # samples in the level estimate (saturating)
-        "ns": np.int32,  # samples in the scale / AR estimates (saturating, kept on re-baseline)
+        "ns": np.int32,  # samples in the scale / AR estimates (kept on re-baseline; 0 = fresh)
         "pos": np.int32,  # next ring slot
         "mu": np.float64,  # baseline level
-        "sig": np.float64,  # innovation scale; 0 = never baselined
-        "phi": np.float64,  # AR(1) coefficient in use (estimate + bias + margin)
-        "c0": np.float64,  # EW lag-0 autocovariance of lagged deviations (sigma units)
-        "c1": np.float64,  # EW lag-1 autocovariance
-        "dprev": np.float64,  # previous deviation (sigma units, clipped), for whitening
-        "lprev": np.float64,  # previous lagged deviation, for the AR estimate
+        "sig": np.float64,  # innovation scale (1 until the first baseline)
+        "phi": np.float32,  # AR(1) coefficient in use (estimate + bias + margin)
+        "c0": np.float32,  # EW lag-0 autocovariance of lagged deviations (sigma units)
+        "c1": np.float32,  # EW lag-1 autocovariance
+        "dprev": np.float32,  # previous deviation (sigma units, clipped), for whitening
+        "lprev": np.float32,  # previous lagged deviation, for the AR estimate
     }
 
     def __init__(
         self,
         n_metrics: int,
         *,
-        h: float = 14.0,
+        h: float = 11.0,
         min_shift: float = 0.5,
         max_shift: float = 2.0,
         n_shifts: int = 3,
+        clip: float = 2.5,
+        step_cap: float = 2.5,
         burn_in: int = 32,
         history: int = 32,
-        clip: float = 3.0,
-        youth: float = 8.0,
-        maturity: float = 32.0,
+        youth: float = 16.0,
+        maturity: float = 64.0,
         baseline_window: int = 512,
         scale_window: int = 1024,
         ar_window: int = 4096,
@@ -105,20 +120,25 @@ class BankCusum:
     ) -> None:
         if n_metrics < 1:
             raise ValueError("n_metrics must be >= 1")
-        if not (h > 0 and clip > 0 and 0 < min_shift <= max_shift and n_shifts >= 1):
-            raise ValueError("h > 0, clip > 0, 0 < min_shift <= max_shift, n_shifts >= 1 required")
+        if not (h > 0 and clip > 0 and step_cap > 0):
+            raise ValueError("h, clip and step_cap must be > 0")
+        if not (0 < min_shift <= max_shift and n_shifts >= 1):
+            raise ValueError("0 < min_shift <= max_shift and n_shifts >= 1 required")
         if not 3 <= burn_in <= history:
             raise ValueError("3 <= burn_in <= history required")
         if min(baseline_window, scale_window, ar_window) < 1 or not 0 <= ar_max < 1:
             raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
         if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
-            raise ValueError("youth, maturity, ar_margin, rel_floor, min_rel_change >= 0 required")
+            raise ValueError(
+                "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, abs_floor > 0 required"
+            )
         self.n_metrics = int(n_metrics)
         self.h = float(h)
         self.min_shift, self.max_shift = float(min_shift), float(max_shift)
         self.n_shifts = int(n_shifts)
+        self.clip, self.step_cap = float(clip), float(step_cap)
         self.burn_in, self.history = int(burn_in), int(history)
-        self.clip, self.youth, self.maturity = float(clip), float(youth), float(maturity)
+        self.youth, self.maturity = float(youth), float(maturity)
         self.baseline_window, self.scale_window = int(baseline_window), int(scale_window)
         self.ar_window, self.ar_max, self.ar_margin = (
             int(ar_window),
@@ -131,20 +151,22 @@ class BankCusum:
             self.shifts = np.array([self.min_shift])
         else:
             self.shifts = np.geomspace(self.min_shift, self.max_shift, self.n_shifts)
-        # A member for shift delta only votes once its level rests on maturity/delta² samples:
-        # a small-delta CUSUM is only as good as the baseline it measures against.
-        self._mature_at = np.ceil(self.maturity / self.shifts**2).astype(np.int32)
+        self._mature_at = np.ceil(self.maturity / self.shifts**2).astype(np.int64)
         self._kappa = clipped_second_moment(self.clip)
-        self._dclip = self.clip * (1.0 + self.ar_max)  # bound on deviations, sigma units
+        self._dclip = self.clip * (1.0 + self.ar_max)  # bound on raw deviations, sigma units
         self._ns_max = max(self.scale_window, self.ar_window)
-        self._youth_until = math.ceil(32.0 * self.youth)  # youth shrink below 3% ends here
+        self._youth_until = math.ceil(32.0 * self.youth)  # the shrink is < 3% from here on
         cnt = np.maximum(np.arange(self._ns_max + 1, dtype=np.float64), 1.0)
-        self._inv_n = 1.0 / cnt
-        self._ar_pad = self.ar_margin / np.sqrt(cnt)
-        self._zeros32 = np.zeros(0, dtype=np.float32)
+        self._inv_n32 = (1.0 / cnt).astype(np.float32)
+        self._ar_pad32 = (self.ar_margin / np.sqrt(cnt)).astype(np.float32)
+        ages = np.maximum(np.arange(self._youth_until + 1, dtype=np.float64), 1.0)
+        self._youth_u = np.clip(1.0 - self.youth / ages, 0.0, 1.0).astype(np.float32)
+        self._youth_u[-1] = 1.0
+        self._buf32: dict[str, F32] = {}
         self._cap = 0  # rows
         self._s: dict[str, np.ndarray] = {}
         self._bank = np.zeros((2 * self.n_shifts, 0), dtype=np.float32)
+        self._run = np.zeros((2, 0), dtype=np.float32)
         self._ring = np.zeros((self.history, 0), dtype=np.float32)
         self._tring = np.zeros((self.history, 0), dtype=np.float64)
         self._grow(max(int(capacity), 1))
@@ -154,12 +176,12 @@ class BankCusum:
         """Constructor keyword arguments that rebuild this detector (capacity aside)."""
         return {
             "h": self.h, "min_shift": self.min_shift, "max_shift": self.max_shift,
-            "n_shifts": self.n_shifts, "burn_in": self.burn_in, "history": self.history,
-            "clip": self.clip, "youth": self.youth, "maturity": self.maturity,
-            "baseline_window": self.baseline_window, "scale_window": self.scale_window,
-            "ar_window": self.ar_window, "ar_max": self.ar_max, "ar_margin": self.ar_margin,
-            "rel_floor": self.rel_floor, "abs_floor": self.abs_floor,
-            "min_rel_change": self.min_rel_change,
+            "n_shifts": self.n_shifts, "clip": self.clip, "step_cap": self.step_cap,
+            "burn_in": self.burn_in, "history": self.history, "youth": self.youth,
+            "maturity": self.maturity, "baseline_window": self.baseline_window,
+            "scale_window": self.scale_window, "ar_window": self.ar_window,
+            "ar_max": self.ar_max, "ar_margin": self.ar_margin, "rel_floor": self.rel_floor,
+            "abs_floor": self.abs_floor, "min_rel_change": self.min_rel_change,
         }  # fmt: skip
 
     @property
@@ -170,7 +192,7 @@ class BankCusum:
     def state_bytes_per_cell(self) -> int:
         """Bytes of state one (stream, metric) cell occupies."""
         scalars = sum(np.dtype(t).itemsize for t in self._SCALARS.values())
-        return scalars + 2 * self.n_shifts * 4 + self.history * (4 + 8)
+        return scalars + (2 * self.n_shifts + 2) * 4 + self.history * (4 + 8)
 
     def _grow(self, need_rows: int) -> None:
         if need_rows <= self._cap:
@@ -179,16 +201,20 @@ class BankCusum:
         old, cells = self._cap * self.n_metrics, cap * self.n_metrics
         s: dict[str, np.ndarray] = {}
         for name, dt in self._SCALARS.items():
-            arr = np.zeros(cells, dtype=dt)
-            arr[:old] = self._s[name] if old else 0
+            arr = np.ones(cells, dtype=dt) if name == "sig" else np.zeros(cells, dtype=dt)
+            if old:
+                arr[:old] = self._s[name]
             s[name] = arr
         bank = np.zeros((2 * self.n_shifts, cells), dtype=np.float32)
         bank[:, :old] = self._bank
+        run = np.zeros((2, cells), dtype=np.float32)
+        run[:, :old] = self._run
         ring = np.full((self.history, cells), np.nan, dtype=np.float32)
         ring[:, :old] = self._ring
         tring = np.full((self.history, cells), np.nan, dtype=np.float64)
         tring[:, :old] = self._tring
-        self._s, self._bank, self._ring, self._tring, self._cap = s, bank, ring, tring, cap
+        self._s, self._bank, self._run, self._cap = s, bank, run, cap
+        self._ring, self._tring = ring, tring
 
     def forget(self, rows: I64) -> None:
         """Reset expired streams' slots so a new stream can reuse them."""
@@ -199,16 +225,21 @@ class BankCusum:
         cells = (rows[:, None] * self.n_metrics + np.arange(self.n_metrics)).ravel()
         for arr in self._s.values():
             arr[cells] = 0
+        self._s["sig"][cells] = 1.0  # harmless divisor until the first baseline
         self._bank[:, cells] = 0.0
+        self._run[:, cells] = 0.0
         self._ring[:, cells] = np.nan
         self._tring[:, cells] = np.nan
 
+    def _arrays(self) -> dict[str, np.ndarray]:
+        arrays: dict[str, np.ndarray] = dict(self._s)
+        arrays.update(bank=self._bank, run=self._run, ring=self._ring, tring=self._tring)
+        return arrays
+
     def snapshot(self) -> bytes:
         """All state and parameters as deterministic bytes."""
-        arrays: dict[str, np.ndarray] = dict(self._s)
-        arrays["bank"], arrays["ring"], arrays["tring"] = self._bank, self._ring, self._tring
         params = self.params() | {"n_metrics": self.n_metrics, "rows": self._cap}
-        return _blob.pack(self.kind, params, arrays)
+        return _blob.pack(self.kind, params, self._arrays())
 
     @classmethod
     def restore(cls, blob: bytes) -> BankCusum:
@@ -217,7 +248,8 @@ class BankCusum:
         n_metrics, rows = int(params.pop("n_metrics")), int(params.pop("rows"))
         det = cls(n_metrics, capacity=1, **params)
         det._s = {name: arrays[name] for name in cls._SCALARS}
-        det._bank, det._ring, det._tring = arrays["bank"], arrays["ring"], arrays["tring"]
+        det._bank, det._run = arrays["bank"], arrays["run"]
+        det._ring, det._tring = arrays["ring"], arrays["tring"]
         det._cap = rows
         return det
 
@@ -231,10 +263,10 @@ class BankCusum:
         k = self.n_metrics
         ts = np.asarray(ts, dtype=np.float64)
         values = np.asarray(values, dtype=np.float64).reshape(n, k)
-        lo = int(rows[0])
         if int(rows.min()) < 0:
             raise ValueError("row ids must be >= 0")
         self._grow(int(rows.max()) + 1)
+        lo = int(rows[0])
         fin = np.isfinite(values)
         contiguous = int(rows[-1]) - lo + 1 == n and (n == 1 or bool(np.all(np.diff(rows) == 1)))
         if contiguous and bool(fin.all()):
@@ -250,16 +282,25 @@ class BankCusum:
             t = np.broadcast_to(ts[:, None], (n, k))[fin]
         return self._step(sel, x, t)
 
+    def _buf(self, name: str, size: int, fill: float) -> F32:
+        """A constant float32 array: numpy's array-array ufuncs beat array-scalar ones."""
+        buf = self._buf32.get(name)
+        if buf is None or buf.size < size:
+            buf = np.full(max(size, 1024), fill, dtype=np.float32)
+            self._buf32[name] = buf
+        return buf[:size]
+
     def _step(self, sel: slice | I64, x: F64, t: F64) -> Detections:
         """Ring bookkeeping and burn-in for the cells of one wave; the rest in `_active`."""
         s, hist = self._s, self.history
-        n_new = s["n"][sel] + 1
+        dense = isinstance(sel, slice)
+        n_new = _get(s["n"], sel) + 1
         if int(n_new.max()) > _N_MAX:
             np.minimum(n_new, _N_MAX, out=n_new)
         s["n"][sel] = n_new
-        pos = s["pos"][sel]
+        pos = _get(s["pos"], sel)
         p0 = int(pos[0])
-        if isinstance(sel, slice) and bool((pos == p0).all()):
+        if dense and bool((pos == p0).all()):
             # Cells in lockstep: the ring slot is one row slice.
             xl = self._ring[p0, sel].astype(np.float64)
             self._ring[p0, sel] = x
@@ -268,100 +309,130 @@ class BankCusum:
         else:
             flat = pos.astype(np.int64) * self._ring.shape[1] + _cells_of(sel)
             ring, tring = self._ring.reshape(-1), self._tring.reshape(-1)
-            xl = ring[flat].astype(np.float64)
+            xl = np.take(ring, flat).astype(np.float64)
             ring[flat] = x
             tring[flat] = t
-            pos = pos + 1
+            pos += 1
             pos[pos == hist] = 0
             s["pos"][sel] = pos
-        if int(n_new.min()) > self.burn_in:
-            return self._active(sel, x, t, xl, n_new)
-        burning = n_new <= self.burn_in
-        cells = _cells_of(sel)
-        done = n_new == self.burn_in
-        if done.any():
-            self._baseline(cells[done])
-        act = ~burning
-        if not act.any():
-            return Detections.empty()
-        return self._active(cells[act], x[act], t[act], xl[act], n_new[act])
+        burn = None
+        if int(n_new.min()) <= self.burn_in:
+            # Cells still burning in ride along with z = 0 and no baseline update, so the
+            # wave keeps its fast layout; those completing burn-in get their baseline now.
+            burn = np.flatnonzero(n_new <= self.burn_in)
+            done = burn[n_new[burn] == self.burn_in]
+            if done.size:
+                self._baseline(_cells_of(sel)[done])
+        return self._active(sel, x, t, xl, n_new, burn)
 
     def _active(
-        self, sel: slice | I64, x: F64, t: F64, xl: F64, n: npt.NDArray[np.int32]
+        self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
     ) -> Detections:
-        """Front-end, bank and lagged baseline for baselined cells (views when `sel` is a slice)."""
+        """Front-end, bank and lagged baseline (in place for a slice, gather/scatter else)."""
         s, c, size = self._s, self.clip, x.size
         dense = isinstance(sel, slice)
-        if self._zeros32.size < size:
-            self._zeros32 = np.zeros(size, dtype=np.float32)
-        zeros = self._zeros32[:size]
-        mu, sig, phi = s["mu"][sel], s["sig"][sel], s["phi"][sel]
-        dprev, lprev = s["dprev"][sel], s["lprev"][sel]
+
+        zeros = self._buf("zero", size, 0.0)
+        mu, sig, phi = _get(s["mu"], sel), _get(s["sig"], sel), _get(s["phi"], sel)
+        dprev, lprev = _get(s["dprev"], sel), _get(s["lprev"], sel)
+        c0, c1, nb, ns = (
+            _get(s["c0"], sel),
+            _get(s["c1"], sel),
+            _get(s["nb"], sel),
+            _get(s["ns"], sel),
+        )
 
         # Front-end: AR(1)-whitened, clipped innovation in sigma units.
-        dz = x - mu
-        dz /= sig
+        dz64 = x - mu
+        dz64 /= sig
+        if burn is not None:
+            dz64[burn] = 0.0
+        dz = dz64.astype(np.float32)
+        np.clip(dz, -self._dclip, self._dclip, out=dz)
         z = phi * dprev
         np.subtract(dz, z, out=z)
         np.clip(z, -c, c, out=z)
-        np.clip(dz, -self._dclip, self._dclip, out=dz)
+        dprev[...] = dz
+        if burn is not None:
+            z[burn] = 0.0
         if self.youth > 0 and int(n.min()) < self._youth_until:
             # A young baseline is uncertain: shrink the evidence until it matures.
-            nf = n.astype(np.float64)
-            u = np.clip(1.0 - self.youth / nf, 0.0, 1.0)
-            u[n >= self._youth_until] = 1.0
-            z *= u
-        z32 = z.astype(np.float32)
+            z *= np.take(self._youth_u, np.minimum(n, self._youth_until))
 
-        # Bank, float32: the statistics need no more precision.
-        bank = self._bank[:, sel]  # a view for a slice, a copy for an index array
-        nb = s["nb"][sel]
+        # Bank (float32: the statistics need no more precision).
+        bank, run = _get(self._bank, sel), _get(self._run, sel)
         nb_min = int(nb.min())
         fire = False
         h32 = np.float32(self.h)
         for j, dj in enumerate(self.shifts):
             half = np.float32(0.5 * dj * dj)
             up, dn = bank[2 * j], bank[2 * j + 1]
-            a = z32 * np.float32(dj)
-            a -= half  # delta*z - delta²/2: the log-likelihood ratio of one sample
-            up += a
+            a = z * np.float32(dj)
+            a -= half  # delta*z - delta²/2: one window's log-likelihood ratio
+            capped = dj * c - half > self.step_cap
+            if capped:
+                # Huber's censored likelihood ratio: no window adds more than step_cap,
+                # so a run of heavy-tailed outliers needs more windows to alarm.
+                up += np.minimum(a, self._buf("cap", size, self.step_cap))
+            else:
+                up += a
             np.maximum(up, zeros, out=up)
-            a += 2 * half
+            a += 2 * half  # delta*z + delta²/2 = -(the down side's LLR)
+            if capped:
+                np.maximum(a, self._buf("ncap", size, -self.step_cap), out=a)
             dn -= a
             np.maximum(dn, zeros, out=dn)
             if nb_min < self._mature_at[j]:
                 ripe = nb >= self._mature_at[j]
                 up *= ripe
                 dn *= ripe
+            if j == 0:
+                # Run lengths of the smallest member: the onset of a shift too slow for the ring.
+                run += np.float32(1.0)
+                run[0] *= up > 0
+                run[1] *= dn > 0
             fire = fire or bool(up.max() > h32) or bool(dn.max() > h32)
         if not dense:
-            self._bank[:, sel] = bank
+            for j in range(bank.shape[0]):
+                self._bank[j][sel] = bank[j]
+            self._run[0][sel], self._run[1][sel] = run[0], run[1]
 
         # Lagged baseline: fold in the sample that just left the ring, if any.
         w = np.isfinite(xl)
+        if burn is not None:
+            w[burn] = False
         all_w = bool(w.all())
-        rl = xl - mu
+        rl64 = xl - mu
         if not all_w:
-            rl[~w] = 0.0
-        rl /= sig
+            rl64[~w] = 0.0
+        rl64 /= sig
+        rl = rl64.astype(np.float32)
         np.clip(rl, -self._dclip, self._dclip, out=rl)
-        ns = s["ns"][sel]
         if all_w and nb_min >= self.baseline_window:
-            a_b: F64 | float = 1.0 / self.baseline_window
+            a_b: F32 | float = 1.0 / self.baseline_window
         else:
             nb = np.minimum(nb + w, self.baseline_window).astype(np.int32)
+            ab = np.take(self._inv_n32, nb)  # 1 / count: a running mean until the window
+            if not all_w:
+                ab *= w
+            a_b = ab
             s["nb"][sel] = nb
-            a_b = self._inv_n[nb] * w
         ns_sat = all_w and int(ns.min()) >= self._ns_max
         if ns_sat:
-            a_s: F64 | float = 1.0 / self.scale_window
-            a_p: F64 | float = 1.0 / self.ar_window
+            a_s: F32 | float = 1.0 / self.scale_window
+            a_p: F32 | float = 1.0 / self.ar_window
+            n_ar: I32 | None = None
         else:
             ns = np.minimum(ns + w, self._ns_max).astype(np.int32)
             s["ns"][sel] = ns
-            a_s = self._inv_n[np.minimum(ns, self.scale_window)] * w
-            a_p = self._inv_n[np.minimum(ns, self.ar_window)] * w
-        step = rl * sig
+            as_ = np.take(self._inv_n32, np.minimum(ns, self.scale_window))
+            n_ar = np.minimum(ns, self.ar_window).astype(np.int32)
+            ap = np.take(self._inv_n32, n_ar)
+            if not all_w:
+                as_ *= w
+                ap *= w
+            a_s, a_p = as_, ap
+        step = sig * rl
         step *= a_b
         mu += step
         # Scale: stochastic approximation to the Huber proposal-2 fixed point
@@ -369,18 +440,19 @@ class BankCusum:
         el = phi * lprev
         np.subtract(rl, el, out=el)
         el *= el
-        np.minimum(el, c * c, out=el)
-        el *= 0.5 / self._kappa
-        el -= 0.5
+        np.minimum(el, self._buf("c2", size, c * c), out=el)
+        el *= np.float32(0.5 / self._kappa)
+        el -= np.float32(0.5)
         el *= a_s
-        el += 1.0
+        el += np.float32(1.0)
         sig *= el
-        floor = np.abs(mu)
-        floor *= self.rel_floor
-        np.maximum(floor, self.abs_floor, out=floor)
-        np.maximum(sig, floor, out=sig)
-        # AR(1): EW lag-0/lag-1 autocovariances of the lagged deviations.
-        c0, c1 = s["c0"][sel], s["c1"][sel]
+        fmax = max(self.rel_floor * max(abs(float(mu.max())), abs(float(mu.min()))), self.abs_floor)
+        if fmax >= float(sig.min()):
+            floor = np.abs(mu)
+            floor *= self.rel_floor
+            np.maximum(floor, self.abs_floor, out=floor)
+            np.maximum(sig, floor, out=sig)
+        # AR(1): EW lag-0 / lag-1 autocovariances of the lagged deviations.
         tmp = rl * rl
         tmp -= c0
         tmp *= a_p
@@ -389,30 +461,27 @@ class BankCusum:
         tmp -= c1
         tmp *= a_p
         c1 += tmp
-        est = c1 / (c0 + 1e-12)
-        # Use an upper confidence bound on phi: over-whitening costs a little power,
-        # under-whitening costs false alarms (the estimate is also biased low).
-        if ns_sat:
-            n_ar = float(self.ar_window)
-            est *= 1.0 + 3.0 / n_ar
-            est += 1.0 / n_ar + self.ar_margin / math.sqrt(n_ar)
+        est = c1 / (c0 + _EPS32)
+        # Use a bias-corrected upper confidence bound on phi: over-whitening costs a
+        # little power, under-whitening costs false pages.
+        if n_ar is None:
+            inv = np.float32(1.0 / self.ar_window)
+            est *= 1.0 + 3.0 * inv
+            est += inv + np.float32(self.ar_margin) * np.sqrt(inv)
         else:
-            n_ar_i = np.minimum(ns, self.ar_window)
-            inv = self._inv_n[n_ar_i]
-            est += (1.0 + 3.0 * est) * inv + self._ar_pad[n_ar_i]
+            inv32 = np.take(self._inv_n32, n_ar)
+            est += (1.0 + 3.0 * est) * inv32
+            est += np.take(self._ar_pad32, n_ar)
         np.clip(est, 0.0, self.ar_max, out=est)
+        phi[...] = est
         if all_w:
-            lprev_new: F64 = rl
+            lprev[...] = rl
         else:
-            lprev_new = np.where(w, rl, lprev)
-        if dense:
-            phi[...] = est
-            lprev[...] = lprev_new
-            dprev[...] = dz
-        else:
-            s["mu"][sel], s["sig"][sel], s["phi"][sel] = mu, sig, est
-            s["c0"][sel], s["c1"][sel] = c0, c1
-            s["dprev"][sel], s["lprev"][sel] = dz, lprev_new
+            lprev[w] = rl[w]
+        if not dense:
+            for name, arr in (("mu", mu), ("sig", sig), ("phi", phi), ("c0", c0), ("c1", c1)):
+                s[name][sel] = arr
+            s["dprev"][sel], s["lprev"][sel] = dprev, lprev
 
         if not fire:
             return Detections.empty()
@@ -434,7 +503,8 @@ class BankCusum:
         mu = s["mu"][cells]
         fin = np.isfinite(vals)
         bank = self._bank[:, cells]
-        sign = np.where(bank[0::2].max(axis=0) >= bank[1::2].max(axis=0), 1.0, -1.0)
+        up = bank[0::2].max(axis=0) >= bank[1::2].max(axis=0)
+        sign = np.where(up, 1.0, -1.0)
         # Onset: maximum-likelihood split against the known baseline level, i.e. the
         # suffix maximising (signed suffix sum)² / suffix length.
         d = np.where(fin, (vals - mu[:, None]) * sign[:, None], 0.0)
@@ -444,9 +514,21 @@ class BankCusum:
         first = gain.argmax(axis=1)  # chronological index of the first post-change sample
         rix = np.arange(cells.size)
         onset = times[rix, np.maximum(first - 1, 0)]
-        # No earlier time known (the shift started at the ring's oldest slot): use the first
+        # No earlier time known (the split is at the ring's oldest slot): the first
         # post-change sample's own time.
         onset = np.where((first > 0) & np.isfinite(onset), onset, times[rix, first])
+        # A shift slow enough that only the smallest member fired may have begun before the
+        # ring: then extrapolate that member's run back at the ring's median spacing.
+        smallest = np.argmax(bank, axis=0) < 2
+        run = np.where(up, self._run[0, cells], self._run[1, cells]).astype(np.float64)
+        gaps = np.where(fin[:, 1:] & fin[:, :-1], np.diff(times, axis=1), np.nan)
+        n_valid = fin.sum(axis=1)
+        early = smallest & (run > n_valid) & (n_valid >= 2)
+        if early.any():
+            spacing = np.nanmedian(gaps[early], axis=1)
+            onset[early] = np.where(
+                np.isfinite(spacing), t[early] - run[early] * spacing, onset[early]
+            )
         post = fin & (np.arange(hist) >= first[:, None])
         after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
         before = mu
@@ -456,6 +538,7 @@ class BankCusum:
 
         # Re-baseline every alarming cell on its post-onset samples; drop the older ones.
         self._bank[:, cells] = 0.0
+        self._run[:, cells] = 0.0
         slots = (s["pos"][cells, None] + np.arange(hist)) % hist
         ring = self._ring[:, cells].T.copy()
         np.put_along_axis(ring, slots, np.where(post, vals, np.nan).astype(np.float32), axis=1)
@@ -477,16 +560,10 @@ class BankCusum:
 
     def _baseline(self, cells: I64) -> None:
         """(Re)set the level from the ring's samples; a never-baselined cell also gets scale/AR."""
-        fresh = self._s["sig"][cells] <= 0.0
+        fresh = self._s["ns"][cells] == 0
         if fresh.any():
             self._first_baseline(cells[fresh])
         self._level(cells)
-
-    def _ar_used(self, est: F64, count: F64) -> F64:
-        """Bias-corrected upper confidence bound on the AR(1) coefficient."""
-        cnt = np.maximum(count, 1.0)
-        out = est + (1.0 + 3.0 * est) / cnt + self.ar_margin / np.sqrt(cnt)
-        return np.clip(out, 0.0, self.ar_max)
 
     def _first_baseline(self, cells: I64) -> None:
         """Scale and AR(1) coefficient from the burn-in samples of never-baselined cells."""
@@ -507,18 +584,20 @@ class BankCusum:
         lag1 = np.where(both, dc[:, 1:] * dc[:, :-1], 0.0).sum(axis=1)
         lag0 = np.where(fin, dc * dc, 0.0).sum(axis=1)
         est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
-        phi = self._ar_used(est, count)
+        phi = np.clip(
+            est + (1.0 + 3.0 * est) / count + self.ar_margin / np.sqrt(count), 0.0, self.ar_max
+        )
         e = np.where(both, d[:, 1:] - phi[:, None] * d[:, :-1], np.nan)
         sig = np.maximum(sx * np.sqrt(np.maximum(1.0 - est * est, 0.0)), floor)
         for _ in range(3):  # Huber proposal-2 fixed point on the innovations
             bound = (c * sig)[:, None]
             m2 = np.nanmean(np.minimum(e * e, bound * bound), axis=1)
             sig = np.maximum(np.sqrt(m2 / self._kappa), floor)
-        ratio = sx / sig
+        ratio2 = (sx / sig) ** 2
         s["sig"][cells] = sig
         s["phi"][cells] = phi
-        s["c0"][cells] = ratio * ratio
-        s["c1"][cells] = est * ratio * ratio
+        s["c0"][cells] = ratio2
+        s["c1"][cells] = est * ratio2
         s["lprev"][cells] = 0.0
         s["ns"][cells] = count.astype(np.int32)
 
@@ -537,3 +616,4 @@ class BankCusum:
         # Samples already counted in the level must not be folded in again later.
         self._ring[:, cells] = np.nan
         self._bank[:, cells] = 0.0
+        self._run[:, cells] = 0.0
