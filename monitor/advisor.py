@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from monitor.correlator import Incident
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
-KIND_STAGE: dict[str, Stage] = {
-    "kernel_lib": "lowering", "compiler": "lowering",
-    "scheduler_config": "scheduling",
-    "driver": "execution", "firmware": "execution",
-    "traffic_policy": "ingress",
-    "model": "validation",
-}  # fmt: skip
+# Which first-failing stages a kind of change can explain. A compiler picks kernels and
+# also tiles them, so it explains lowering and scheduling failures alike.
+KIND_STAGES: dict[str, frozenset[Stage]] = {
+    "kernel_lib": frozenset({"lowering"}),
+    "compiler": frozenset({"lowering", "scheduling"}),
+    "scheduler_config": frozenset({"scheduling"}),
+    "driver": frozenset({"execution"}),
+    "firmware": frozenset({"execution"}),
+    "traffic_policy": frozenset({"ingress"}),
+    "model": frozenset({"validation"}),
+}
 
 NEXT_STEP: dict[str, tuple[str, str]] = {
     "kernel_selection": ("mitigate", "pin the previous kernel variant for the affected layers"),
@@ -61,7 +65,7 @@ class Advisor:
             for c in self.changes
             if inc.onset_ts - self.lookback_s <= c.ts <= latest
             and _covers(c.scope, inc)
-            and KIND_STAGE.get(c.kind) == stage
+            and stage in KIND_STAGES.get(c.kind, frozenset())
         ]
         return sorted(out, key=lambda c: (c.ts, c.id), reverse=True)
 

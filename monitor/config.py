@@ -91,7 +91,9 @@ class DetectorSettings(_Frozen):
     h: float = Field(default=8.0, gt=0, description="CUSUM decision threshold")
     clip: float = Field(default=4.0, gt=0, description="outlier clip, robust sigmas")
     rel_floor: float = Field(default=0.01, ge=0, description="scale floor relative to level")
-    min_rel_change: float = Field(default=0.05, ge=0, description="smallest shift that alerts")
+    min_rel_change: float = Field(
+        default=0.01, ge=0, description="below this the detector re-baselines silently"
+    )
     stream_ttl_s: float = Field(default=3600.0, gt=0, description="expire silent streams after")
     params: dict[str, float] = Field(default_factory=dict, description="extra engine parameters")
 

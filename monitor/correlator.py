@@ -16,6 +16,11 @@ from statistics import median
 from monitor.metrics import BAD_DIRECTION, CORROBORATING, PRIMARY_METRICS, PRIMARY_ORDER
 from monitor.wire import STAGES, Stage
 
+# How far before an incident's onset a cause may show (windows), and on what share of
+# the incident's devices an indicator must move to count as its evidence.
+LEAD_WINDOWS = 6
+SUPPORT_SHARE = 0.25
+
 
 @dataclass(frozen=True, slots=True)
 class ChangePoint:
@@ -52,6 +57,7 @@ class Incident:
     anchor_ts: float  # onset of the first point: the grouping anchor, never moves
     detected_ts: float
     window_s: float
+    group_window_s: float = 300.0
     points: list[ChangePoint] = field(default_factory=list)
     evidence: list[ChangePoint] = field(default_factory=list)
     status: str = "open"  # open | resolved
@@ -99,12 +105,32 @@ class Incident:
         """Layer types whose primary metric regressed, sorted."""
         return sorted({p.layer for p in self.primary_points() if p.layer})
 
+    def supporting(self) -> dict[tuple[Stage, str, str | None], list[ChangePoint]]:
+        """The indicators that moved with this incident, grouped by (stage, metric, layer).
+
+        Only the incident's own devices count, only changes that began at most
+        `LEAD_WINDOWS` before its onset (causes precede effects, but not by much),
+        and only indicators that moved on enough of those devices: one noisy
+        device must not decide where a pool-wide incident started.
+        """
+        devices = self.devices
+        onset = self.onset_ts
+        lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
+        groups: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
+        for p in (*self.points, *self.evidence):
+            if p.device in devices and lo <= p.onset_ts <= hi:
+                groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
+        need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
+        return {k: v for k, v in groups.items() if len({p.device for p in v}) >= need}
+
     def first_failing_stage(self) -> Stage:
         """Most upstream stage among those whose indicators changed first."""
-        by_stage: dict[Stage, list[float]] = {}
-        for p in (*self.points, *self.evidence):
-            by_stage.setdefault(p.stage, []).append(p.onset_ts)
-        onsets = {s: median(v) for s, v in by_stage.items()}
+        onsets: dict[Stage, float] = {}
+        for (stage, _, _), pts in self.supporting().items():
+            t = median(p.onset_ts for p in pts)
+            onsets[stage] = min(onsets.get(stage, t), t)
+        if not onsets:
+            return self.points[0].stage
         earliest = min(onsets.values())
         tie = self.window_s / 2
         return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
@@ -166,7 +192,9 @@ class Correlator:
         for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):
             inc = self._match(p)
             if inc is None:
-                inc = Incident(p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s)
+                inc = Incident(
+                    p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s, self.group_window_s
+                )
                 self.incidents.append(inc)
                 inc.evidence.extend(e for e in self._recent if self._fits(inc, e))
             inc.points.append(p)

@@ -14,10 +14,10 @@ import numpy as np
 
 from monitor.advisor import Advisor
 from monitor.config import AlertSettings
-from monitor.correlator import ChangePoint, Incident, bottleneck_class
+from monitor.correlator import Incident, bottleneck_class
 from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS
 from monitor.stream_table import Frame
-from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
+from monitor.wire import STAGES, Alert, AlertScope, Evidence
 
 PoolKey = tuple[str | None, str | None]
 RUNBOOK = "docs/runbook.md#"
@@ -122,7 +122,7 @@ class AlertLifecycle:
         after = float(median(p.after for p in pts))
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
-        moved = {p.metric for p in (*inc.points, *inc.evidence)}
+        moved = {metric for _, metric, _ in inc.supporting()}
         bottleneck = bottleneck_class(stage, moved)
         level = inc.scope_level(n_pool, self.s.pool_fraction)
         devices = sorted(inc.devices)
@@ -182,10 +182,8 @@ class AlertLifecycle:
 
 
 def _evidence(inc: Incident) -> list[Evidence]:
-    """One line per (stage, indicator, layer): medians over the devices that moved."""
-    groups: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
-    for p in (*inc.points, *inc.evidence):
-        groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
+    """One line per (stage, indicator, layer) that moved with the incident: device medians."""
+    groups = inc.supporting()
     out = [
         Evidence(
             stage=stage,

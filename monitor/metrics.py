@@ -65,6 +65,14 @@ MIN_ABS_CHANGE: dict[str, float] = {
     "quality": 0.001,
 }  # fmt: skip
 
+# Smallest relative shift worth reporting (vs the level before), per metric; 5% otherwise.
+# A 4% quality drop is a bad model; a 10% p99 wobble is a normal afternoon.
+MIN_REL_CHANGE: dict[str, float] = {
+    "quality": 0.01, "clock_mhz": 0.03, "lat_p50_ms": 0.10, "lat_p95_ms": 0.10,
+    "lat_p99_ms": 0.10, "queue_wait_ms": 0.25, "queue_depth": 0.25,
+}  # fmt: skip
+DEFAULT_MIN_REL_CHANGE = 0.05
+
 # Layer columns fed in, in this order, by the stream table.
 LAYER_INPUTS: tuple[str, ...] = (
     "flops", "busy_s", "cycles", "stall_mem_cycles", "occupancy", "bytes_hbm",

@@ -21,13 +21,22 @@ from monitor.detect.base import Detections, Detector
 from monitor.detect.cusum import Cusum
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.lifecycle import AlertLifecycle
-from monitor.metrics import DEVICE_METRICS, LAYER_METRICS, MIN_ABS_CHANGE, STAGE_OF
+from monitor.metrics import (
+    DEFAULT_MIN_REL_CHANGE,
+    DEVICE_METRICS,
+    LAYER_METRICS,
+    MIN_ABS_CHANGE,
+    MIN_REL_CHANGE,
+    STAGE_OF,
+)
 from monitor.sources.base import RawMessage
 from monitor.stream_table import Frame, StreamTable
 from monitor.wire import Alert, Codec, DecodeError, WindowRecord
 
 _LAYER_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in LAYER_METRICS])
 _DEVICE_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in DEVICE_METRICS])
+_LAYER_MIN_REL = np.array([MIN_REL_CHANGE.get(m, DEFAULT_MIN_REL_CHANGE) for m in LAYER_METRICS])
+_DEVICE_MIN_REL = np.array([MIN_REL_CHANGE.get(m, DEFAULT_MIN_REL_CHANGE) for m in DEVICE_METRICS])
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +215,9 @@ class Pipeline:
     def _points(self, table: StreamTable, det: Detections, *, layer: bool) -> list[ChangePoint]:
         names = LAYER_METRICS if layer else DEVICE_METRICS
         floor = (_LAYER_MIN_ABS if layer else _DEVICE_MIN_ABS)[det.cols]
-        material = np.abs(det.after - det.before) >= floor
+        rel = (_LAYER_MIN_REL if layer else _DEVICE_MIN_REL)[det.cols]
+        shift = np.abs(det.after - det.before)
+        material = (shift >= floor) & (shift >= rel * np.abs(det.before))
         self.counters["change_points_immaterial"] += int((~material).sum())
         out: list[ChangePoint] = []
         for i in np.flatnonzero(material):
