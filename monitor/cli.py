@@ -294,6 +294,12 @@ async def _serve(settings: Settings) -> int:
         sinks.append(ConsoleSink())
     if settings.sinks.jsonl_path:
         sinks.append(JsonlSink(settings.sinks.jsonl_path))
+    if settings.sinks.alertmanager.urls:
+        from monitor.sinks.alertmanager import AlertmanagerSink  # noqa: PLC0415
+
+        am = AlertmanagerSink(settings.sinks.alertmanager)
+        await am.start()
+        sinks.append(am)
     runner = Runner(source, Pipeline(settings), sinks, dead_letters=kafka_sink.send_dead)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

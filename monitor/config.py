@@ -118,8 +118,10 @@ class AlertSettings(_Frozen):
 class AlertmanagerSettings(_Frozen):
     """Prometheus Alertmanager sink (send to every instance, never through a balancer)."""
 
-    urls: list[str] = Field(default_factory=list)
-    timeout_s: float = 5.0
+    urls: list[str] = Field(default_factory=list, description="every instance, e.g. http://am:9093")
+    timeout_s: float = Field(default=5.0, gt=0)
+    resend_s: float = Field(default=60.0, gt=0, description="re-post firing alerts this often")
+    external_url: str | None = Field(default=None, description="generatorURL base for alerts")
 
 
 class SinkSettings(_Frozen):

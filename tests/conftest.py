@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from monitor.embedded import BrokerError, EmbeddedBroker
+from monitor.embedded import BrokerError, EmbeddedBroker, free_port
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +85,97 @@ def kcat(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Kc
             continue
         return k
     pytest.fail("kcat cannot talk to the test broker with any available librdkafka")
+
+
+class WebhookReceiver:
+    """A loopback HTTP server recording Alertmanager webhook notifications (on-call's side)."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict] = []
+        self.ready = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with outer.ready:
+                    outer.payloads.append(json.loads(body))
+                    outer.ready.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_for(self, predicate, timeout: float = 30.0) -> list[dict]:
+        """Block until a received payload satisfies predicate; returns all payloads."""
+        with self.ready:
+            ok = self.ready.wait_for(lambda: any(predicate(p) for p in self.payloads), timeout)
+        assert ok, f"no matching webhook within {timeout}s; got {self.payloads}"
+        return self.payloads
+
+
+@dataclass
+class Alertmanager:
+    """A running prometheus-alertmanager on loopback and its webhook receiver."""
+
+    url: str
+    receiver: WebhookReceiver
+
+    def alerts(self, **params: str) -> list[dict]:
+        """GET /api/v2/alerts."""
+        from urllib.parse import urlencode  # noqa: PLC0415
+        from urllib.request import urlopen  # noqa: PLC0415
+
+        query = f"?{urlencode(params)}" if params else ""
+        with urlopen(f"{self.url}/api/v2/alerts{query}", timeout=10) as r:  # noqa: S310
+            data: list[dict] = json.loads(r.read())
+        return data
+
+
+@pytest.fixture(scope="session")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmanager]:
+    """Debian's prometheus-alertmanager 0.25, loopback only, no gossip port, fast grouping."""
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus-alertmanager is missing: .ci/run installs it")
+        pytest.skip("prometheus-alertmanager not installed")
+    receiver = WebhookReceiver()
+    d = tmp_path_factory.mktemp("am")
+    (d / "am.yml").write_text(
+        "route:\n  receiver: oncall\n  group_by: ['flopwatch_id']\n  group_wait: 1s\n"
+        "  group_interval: 1s\n  repeat_interval: 1h\n"
+        f"receivers:\n- name: oncall\n  webhook_configs:\n  - url: {receiver.url}\n"
+        "    send_resolved: true\n"
+    )
+    port = free_port()
+    log = (d / "am.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={d / 'am.yml'}", f"--storage.path={d / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    am = Alertmanager(url, receiver)
+    while True:
+        try:
+            am.alerts()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                log.close()
+                pytest.fail(f"alertmanager did not start: {(d / 'am.log').read_text()[-1000:]}")
+            time.sleep(0.1)
+    yield am
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+    receiver.server.shutdown()
+    receiver.server.server_close()
