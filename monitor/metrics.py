@@ -105,3 +105,60 @@ def layer_metrics(raw: F64, peak: F64) -> F64:
 def device_mfu(flops_sum: F64, window_s: F64, peak: F64) -> F64:
     """Device MFU = sum(flops) / (window_s * peak); NaN where peak is unknown."""
     return _ratio(flops_sum, window_s * peak)
+
+
+def _group_index(groups: npt.NDArray[np.int64], ts: F64) -> tuple[
+    npt.NDArray[np.int64], F64, npt.NDArray[np.int64]
+]:  # fmt: skip
+    """Unique (group, ts) pairs, and each row's index into them."""
+    if groups.size == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=np.int64)
+    keys = np.stack([groups.astype(np.float64), ts], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    return uniq[:, 0].astype(np.int64), uniq[:, 1], inv.reshape(-1)
+
+
+def _nansum_by(inv: npt.NDArray[np.int64], n: int, values: F64) -> tuple[F64, F64]:
+    """Per-group sums ignoring NaN, and how many finite values each had (per column)."""
+    ok = np.isfinite(values)
+    sums = np.zeros((n, values.shape[1]))
+    counts = np.zeros((n, values.shape[1]))
+    np.add.at(sums, inv, np.where(ok, values, 0.0))
+    np.add.at(counts, inv, ok)
+    return sums, counts
+
+
+def group_sums(groups: npt.NDArray[np.int64], ts: F64, raw: F64, peak: F64) -> tuple[
+    npt.NDArray[np.int64], F64, F64, F64
+]:  # fmt: skip
+    """Per (group, window): summed raw layer counters, with flops in units of each row's peak.
+
+    Summing `flops / peak` lets one pool mix chips: pool MFU = sum(flops/peak) / sum(busy_s).
+    Ratio counters (occupancy, sram_hit, fallback_frac) are averaged instead of summed.
+    Returns (group ids, ts, raw-like matrix, peak column of ones).
+    """
+    gid, gts, inv = _group_index(groups, ts)
+    if gid.size == 0:
+        return gid, gts, np.empty((0, raw.shape[1])), np.empty(0)
+    scaled = raw.copy()
+    fl = LAYER_INPUTS.index("flops")
+    scaled[:, fl] = raw[:, fl] / peak
+    sums, counts = _nansum_by(inv, gid.size, scaled)
+    means = {LAYER_INPUTS.index(k) for k in ("occupancy", "sram_hit", "fallback_frac")}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(counts > 0, sums, np.nan)
+        for c in means:
+            out[:, c] = sums[:, c] / counts[:, c]
+    return gid, gts, out, np.ones(gid.size)
+
+
+def group_means(groups: npt.NDArray[np.int64], ts: F64, values: F64) -> tuple[
+    npt.NDArray[np.int64], F64, F64
+]:  # fmt: skip
+    """Per (group, window) mean of each column, ignoring NaN."""
+    gid, gts, inv = _group_index(groups, ts)
+    if gid.size == 0:
+        return gid, gts, np.empty((0, values.shape[1]))
+    sums, counts = _nansum_by(inv, gid.size, values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return gid, gts, sums / counts

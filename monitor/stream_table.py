@@ -17,7 +17,15 @@ import numpy as np
 
 from monitor.detect.base import F64, I64
 from monitor.hardware import Catalog
-from monitor.metrics import DEVICE_METRICS, LAYER_INPUTS, device_mfu, layer_metrics
+from monitor.metrics import (
+    DEVICE_METRICS,
+    LAYER_INPUTS,
+    LAYER_METRICS,
+    device_mfu,
+    group_means,
+    group_sums,
+    layer_metrics,
+)
 from monitor.wire import Layer, WindowRecord
 
 astuple = msgspec.structs.astuple
@@ -38,6 +46,19 @@ class Frame:
     device_ts: F64
     device_values: F64  # (m, len(DEVICE_METRICS))
     kernel_changes: list[tuple[int, float, str | None, str]]  # (layer row, ts, old, new)
+    # Fleet-partition views: group ids of (pool, model, layer) per layer row and of
+    # (pool, model) per device row, and each row's load (batch, req_rate; NaN = unknown).
+    layer_group: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    device_group: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    layer_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
+    device_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
+    # Per (group, window) aggregates: pool MFU = sum(flops/peak) / sum(busy_s), etc.
+    pool_layer_rows: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    pool_layer_ts: F64 = field(default_factory=lambda: np.empty(0))
+    pool_layer_values: F64 = field(default_factory=lambda: np.empty((0, len(LAYER_METRICS))))
+    pool_device_rows: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    pool_device_ts: F64 = field(default_factory=lambda: np.empty(0))
+    pool_device_values: F64 = field(default_factory=lambda: np.empty((0, len(DEVICE_METRICS))))
 
     @staticmethod
     def waves(rows: I64) -> list[I64]:
@@ -89,6 +110,8 @@ class StreamTable:
     free_device_rows: list[int] = field(default_factory=list)
     free_layer_rows: list[int] = field(default_factory=list)
     unknown_hw: Counter[str] = field(default_factory=Counter)
+    groups: dict[tuple[str | None, str | None, str], int] = field(default_factory=dict)
+    group_keys: list[tuple[str | None, str | None, str]] = field(default_factory=list)
     newly_unknown: list[tuple[str, str | None, str | None]] = field(default_factory=list)
 
     # -- registry ----------------------------------------------------------------
@@ -127,6 +150,15 @@ class StreamTable:
                 self.last_kernel[row] = None
             self.layer_index[key] = row
         return row
+
+    def group(self, pool: str | None, model: str | None, layer: str) -> int:
+        """Id of the (pool, model, layer) group; layer "" is the device-level group."""
+        key = (pool, model, layer)
+        gid = self.groups.get(key)
+        if gid is None:
+            gid = self.groups[key] = len(self.group_keys)
+            self.group_keys.append(key)
+        return gid
 
     def device_of_layer_row(self, row: int) -> tuple[str, str]:
         """(device id, layer type) of a layer stream row."""
@@ -184,7 +216,11 @@ class StreamTable:
         dpeak: list[float] = []
         dflops: list[float] = []
         draw: list[tuple[float | None, ...]] = []
-        index, last_kernel = self.layer_index, self.last_kernel
+        lgroup: list[int] = []
+        dgroup: list[int] = []
+        dload: list[tuple[float | None, float | None]] = []
+        lload_idx: list[int] = []
+        index, last_kernel, groups = self.layer_index, self.last_kernel, self.groups
         for rec, dev in accepted:
             flops_sum = 0.0
             any_flops = False
@@ -194,6 +230,9 @@ class StreamTable:
                     row = self._layer_row(dev.row, layer.type)
                 lrows.append(row)
                 lraw.append(astuple(layer)[1:_N_INPUTS])
+                gkey = (dev.pool, dev.model, layer.type)
+                gid = groups.get(gkey)
+                lgroup.append(gid if gid is not None else self.group(*gkey))
                 if layer.flops is not None and layer.type != "all":
                     flops_sum += layer.flops
                     any_flops = True
@@ -207,11 +246,14 @@ class StreamTable:
             n = len(rec.layers)
             lts.extend([rec.ts] * n)
             lpeak.extend([dev.peak] * n)
+            lload_idx.extend([len(drows)] * n)
             if not any_flops:
                 # An exporter that knows only device counters sends one layer "all".
                 alls = [la.flops for la in rec.layers if la.type == "all" and la.flops is not None]
                 flops_sum, any_flops = (alls[0], True) if alls else (0.0, False)
             ing, st, slo = rec.ingress, rec.device_stats, rec.slo
+            dgroup.append(self.group(dev.pool, dev.model, ""))
+            dload.append((ing.batch, ing.req_rate) if ing else (None, None))
             drows.append(dev.row)
             dts.append(rec.ts)
             dwin.append(rec.window_s)
@@ -226,23 +268,39 @@ class StreamTable:
                 slo.lat_p99_ms if slo else None, slo.quality if slo else None,
             ))  # fmt: skip
 
-        lvals = layer_metrics(
-            np.array(lraw, dtype=np.float64).reshape(-1, len(LAYER_INPUTS)),
-            np.array(lpeak, dtype=np.float64),
-        )
+        raw = np.array(lraw, dtype=np.float64).reshape(-1, len(LAYER_INPUTS))
+        peak = np.array(lpeak, dtype=np.float64)
+        lvals = layer_metrics(raw, peak)
         dvals = np.empty((len(drows), len(DEVICE_METRICS)))
         dvals[:, 0] = device_mfu(
             np.array(dflops, dtype=np.float64), np.array(dwin), np.array(dpeak, dtype=np.float64)
         )
         dvals[:, 1:] = np.array(draw, dtype=np.float64).reshape(-1, len(DEVICE_METRICS) - 1)
+        layer_ts = np.array(lts, dtype=np.float64)
+        device_ts = np.array(dts, dtype=np.float64)
+        layer_group = np.array(lgroup, dtype=np.int64)
+        device_group = np.array(dgroup, dtype=np.int64)
+        device_load = np.array(dload, dtype=np.float64).reshape(-1, 2)
+        pl_rows, pl_ts, pl_raw, pl_peak = group_sums(layer_group, layer_ts, raw, peak)
+        pd_rows, pd_ts, pd_vals = group_means(device_group, device_ts, dvals)
         frame = Frame(
             layer_rows=np.array(lrows, dtype=np.int64),
-            layer_ts=np.array(lts, dtype=np.float64),
+            layer_ts=layer_ts,
             layer_values=lvals,
             device_rows=np.array(drows, dtype=np.int64),
-            device_ts=np.array(dts, dtype=np.float64),
+            device_ts=device_ts,
             device_values=dvals,
             kernel_changes=kchanges,
+            layer_group=layer_group,
+            device_group=device_group,
+            layer_load=device_load[np.array(lload_idx, dtype=np.int64)],
+            device_load=device_load,
+            pool_layer_rows=pl_rows,
+            pool_layer_ts=pl_ts,
+            pool_layer_values=layer_metrics(pl_raw, pl_peak),
+            pool_device_rows=pd_rows,
+            pool_device_ts=pd_ts,
+            pool_device_values=pd_vals,
         )
         return frame, rejections
 
