@@ -83,19 +83,24 @@ class KafkaSettings(_Frozen):
 
 
 class DetectorSettings(_Frozen):
-    """Change-point detector choice and parameters (robust-sigma units)."""
+    """Change-point detector choice and parameters (see docs/detection.md)."""
 
-    kind: str = Field(default="cusum", description="cusum | bank | adwin | page_hinkley | kswin")
-    burn_in: int = Field(default=20, ge=3, description="windows used for the robust baseline")
-    k: float = Field(default=1.0, ge=0, description="CUSUM allowance (half the smallest shift)")
-    h: float = Field(default=8.0, gt=0, description="CUSUM decision threshold")
-    clip: float = Field(default=4.0, gt=0, description="outlier clip, robust sigmas")
-    rel_floor: float = Field(default=0.01, ge=0, description="scale floor relative to level")
-    min_rel_change: float = Field(
-        default=0.01, ge=0, description="below this the detector re-baselines silently"
+    kind: Literal["bank", "cusum", "adwin", "page_hinkley", "kswin"] = "bank"
+    h: float | None = Field(
+        default=None, gt=0, description="decision threshold: higher = fewer pages, later"
     )
+    params: dict[str, float] = Field(
+        default_factory=dict, description="other engine parameters, by name (kind-specific)"
+    )
+    load_aware: bool = Field(default=True, description="detect on y / expected-given-load")
+    load_forget: float = Field(default=0.99, gt=0, le=1, description="load model memory/window")
     stream_ttl_s: float = Field(default=3600.0, gt=0, description="expire silent streams after")
-    params: dict[str, float] = Field(default_factory=dict, description="extra engine parameters")
+
+    def engine_params(self) -> dict[str, float]:
+        """Keyword arguments for the detector constructor."""
+        merged = {**self.params, **({"h": self.h} if self.h is not None else {})}
+        # TOML and env give floats; window counts must reach the engine as ints.
+        return {k: int(v) if float(v).is_integer() else v for k, v in merged.items()}
 
 
 class AlertSettings(_Frozen):
@@ -112,6 +117,9 @@ class AlertSettings(_Frozen):
     min_fraction: float = Field(default=0.05, ge=0, le=1, description="or this share of pool")
     settle_windows: int = Field(default=1, ge=0, description="wait this long before first page")
     update_growth: float = Field(default=0.2, ge=0, description="re-send when devices grow by")
+    update_every_windows: int = Field(
+        default=6, ge=1, description="else re-send at most this often"
+    )
     change_lookback_s: float = Field(default=6 * 3600.0, gt=0)
 
 

@@ -62,7 +62,11 @@ class AlertLifecycle:
                     int(inc.onset_ts // inc.window_s),
                 )  # fmt: skip
             alert = self.render(inc, now_ts, n_pool, "firing")
-            grew = n >= inc.emitted_devices * (1 + self.s.update_growth)
+            # Big growth re-sends at once; any other change in count at a calm pace.
+            grew = n >= inc.emitted_devices * (1 + self.s.update_growth) or (
+                n != inc.emitted_devices
+                and now_ts - inc.last_ts >= self.s.update_every_windows * inc.window_s
+            )
             news = level != inc.emitted_level or alert.suggestion.change_id != inc.emitted_change
             if not (first or grew or news):
                 continue

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from monitor import detect
 from monitor.advisor import Advisor
 from monitor.config import Settings
 from monitor.correlator import ChangePoint, Correlator
-from monitor.detect.base import Detections, Detector
-from monitor.detect.cusum import Cusum
+from monitor.detect.base import F64, I64, Detections, Detector
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.lifecycle import AlertLifecycle
+from monitor.load import LoadAdjuster
 from monitor.metrics import (
     DEFAULT_MIN_REL_CHANGE,
     DEVICE_METRICS,
@@ -71,14 +72,9 @@ def catalog_from(settings: Settings) -> Catalog:
 
 
 def make_detector(settings: Settings, n_metrics: int) -> Detector:
-    """The configured detector for a matrix of `n_metrics` columns."""
+    """The configured detector for a matrix of `n_metrics` columns (ValueError if misconfigured)."""
     d = settings.detector
-    if d.kind == "cusum":
-        return Cusum(
-            n_metrics, burn_in=d.burn_in, k=d.k, h=d.h, clip=d.clip,
-            rel_floor=d.rel_floor, min_rel_change=d.min_rel_change,
-        )  # fmt: skip
-    raise ValueError(f"unknown detector.kind {d.kind!r}; valid: cusum")
+    return detect.make_detector(d.kind, n_metrics, d.engine_params())
 
 
 @dataclass
@@ -88,6 +84,8 @@ class PartitionState:
     table: StreamTable
     layer_detector: Detector
     device_detector: Detector
+    layer_load: LoadAdjuster | None = None
+    device_load: LoadAdjuster | None = None
     expired_at: float = 0.0
 
 
@@ -109,10 +107,13 @@ class Pipeline:
     def _partition(self, p: int) -> PartitionState:
         st = self.partitions.get(p)
         if st is None:
+            d = self.settings.detector
             st = PartitionState(
-                StreamTable(self.catalog, ttl_s=self.settings.detector.stream_ttl_s),
+                StreamTable(self.catalog, ttl_s=d.stream_ttl_s),
                 make_detector(self.settings, len(LAYER_METRICS)),
                 make_detector(self.settings, len(DEVICE_METRICS)),
+                LoadAdjuster(LAYER_METRICS, d.load_forget) if d.load_aware else None,
+                LoadAdjuster(DEVICE_METRICS, d.load_forget) if d.load_aware else None,
             )
             self.partitions[p] = st
         return st
@@ -191,22 +192,28 @@ class Pipeline:
 
     def _detect(self, st: PartitionState, frame: Frame) -> list[ChangePoint]:
         found: list[ChangePoint] = []
-        for wave in Frame.waves(frame.layer_rows):
-            det = st.layer_detector.update(
-                frame.layer_rows[wave], frame.layer_ts[wave], frame.layer_values[wave]
-            )
-            found.extend(self._points(st.table, det, layer=True))
-        for wave in Frame.waves(frame.device_rows):
-            det = st.device_detector.update(
-                frame.device_rows[wave], frame.device_ts[wave], frame.device_values[wave]
-            )
-            found.extend(self._points(st.table, det, layer=False))
-        for row, ts, _old, _new in frame.kernel_changes:
-            name, layer = st.table.device_of_layer_row(row)
+        views = (
+            (True, frame.layer_rows, frame.layer_ts, frame.layer_values, frame.layer_group,
+             frame.layer_load, st.layer_detector, st.layer_load),
+            (False, frame.device_rows, frame.device_ts, frame.device_values, frame.device_group,
+             frame.device_load, st.device_detector, st.device_load),
+        )  # fmt: skip
+        for layer, rows, ts, values, groups, load, detector, adjuster in views:
+            for wave in Frame.waves(rows):
+                vals = values[wave]
+                scale = None
+                if adjuster is not None:
+                    vals, scale = adjuster.adjust(groups[wave], load[wave], vals)
+                det = detector.update(rows[wave], ts[wave], vals)
+                if len(det) and scale is not None:
+                    det = _rescale(det, rows[wave], scale)
+                found.extend(self._points(st.table, det, layer=layer))
+        for row, k_ts, _old, _new in frame.kernel_changes:
+            name, layer_type = st.table.device_of_layer_row(row)
             dev = st.table.devices[name]
             found.append(ChangePoint(
-                name, dev.host, dev.pool, dev.model, layer, "kernel", "lowering",
-                onset_ts=ts - dev.window_s, detected_ts=ts, before=0.0, after=1.0, score=1.0,
+                name, dev.host, dev.pool, dev.model, layer_type, "kernel", "lowering",
+                onset_ts=k_ts - dev.window_s, detected_ts=k_ts, before=0.0, after=1.0, score=1.0,
                 window_s=dev.window_s, row=row,
             ))  # fmt: skip
         self.counters["change_points"] += len(found)
@@ -239,3 +246,13 @@ class Pipeline:
                 window_s=dev.window_s, row=row,
             ))  # fmt: skip
         return out
+
+
+def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
+    """Ratios back to levels at the current load, so alerts speak in MFU, not ratios."""
+    order = np.argsort(wave_rows)
+    pos = order[np.searchsorted(wave_rows[order], det.rows)]
+    k = expected[pos, det.cols]
+    k = np.where(np.isfinite(k), k, 1.0)
+    return Detections(det.rows, det.cols, det.detected_ts, det.onset_ts, det.before * k,
+                      det.after * k, det.score)  # fmt: skip

@@ -352,9 +352,10 @@ class BankCusum:
         z = phi * dprev
         np.subtract(dz, z, out=z)
         np.clip(z, -c, c, out=z)
-        dprev[...] = dz
         if burn is not None:
             z[burn] = 0.0
+            dz[burn] = dprev[burn]  # burning cells keep their whitening state
+        dprev[...] = dz
         if self.youth > 0 and int(n.min()) < self._youth_until:
             # A young baseline is uncertain: shrink the evidence until it matures.
             z *= np.take(self._youth_u, np.minimum(n, self._youth_until))
@@ -511,7 +512,10 @@ class BankCusum:
         suf = np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
         cnt = np.cumsum(fin[:, ::-1], axis=1)[:, ::-1]
         gain = np.where(fin & (suf > 0), suf * suf / np.maximum(cnt, 1), -1.0)
-        first = gain.argmax(axis=1)  # chronological index of the first post-change sample
+        oldest = np.argmax(fin, axis=1)
+        # Chronological index of the first post-change sample (the oldest valid one when no
+        # suffix leans the alarm's way, e.g. when whitening made the alarm).
+        first = np.where(gain.max(axis=1) > 0, gain.argmax(axis=1), oldest)
         rix = np.arange(cells.size)
         onset = times[rix, np.maximum(first - 1, 0)]
         # No earlier time known (the split is at the ring's oldest slot): the first

@@ -62,7 +62,9 @@ def test_bad_config_value_is_one_line(tmp_path: Path, capsys) -> None:
 def test_config_masks_secrets_and_reads_env(tmp_path: Path) -> None:
     """`flopwatch config` shows env and TOML settings, with secrets masked."""
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[kafka]\ngroup_id = "from-file"\n[detector]\nh = 9.5\n')
+    cfg.write_text(
+        '[kafka]\ngroup_id = "from-file"\n[detector]\nh = 9.5\n[detector.params]\nburn_in = 40\n'
+    )
     import os  # noqa: PLC0415
 
     env = {**os.environ, "FLOPWATCH_KAFKA__SASL_PLAIN_PASSWORD": "hunter2",
@@ -74,6 +76,7 @@ def test_config_masks_secrets_and_reads_env(tmp_path: Path) -> None:
     assert data["kafka"]["sasl_plain_password"] == "**********"
     assert data["kafka"]["group_id"] == "from-file"
     assert data["detector"]["h"] == 12.0  # env wins over file
+    assert data["detector"]["params"] == {"burn_in": 40.0}
 
 
 def test_schema_prints_all_records() -> None:

@@ -1,0 +1,96 @@
+"""`flopwatch detect`: change points of one series, one number per line, with the fleet engine.
+
+Sample ``i`` is treated as the window ``[i, i+1)``, so its event time is
+``i + 1`` and an onset (the end of the last window before a shift) is the
+index of the first sample after it. An empty line is a missing window.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TextIO
+
+import numpy as np
+
+from monitor.detect import DEFAULT_KIND, make_detector
+from monitor.detect.base import Detector
+
+_ROW = np.zeros(1, dtype=np.int64)
+
+
+class ParseError(ValueError):
+    """A line that is neither empty nor a number."""
+
+    def __init__(self, lineno: int, text: str) -> None:
+        super().__init__(f"line {lineno}: expected a number, got {text!r}")
+        self.lineno, self.text = lineno, text
+
+
+def parse_line(lineno: int, line: str) -> float:
+    """One input line as a value; NaN for an empty line (or 'nan'): a missing window."""
+    text = line.strip()
+    if not text:
+        return math.nan
+    try:
+        value = float(text)
+    except ValueError:
+        raise ParseError(lineno, text) from None
+    if math.isinf(value):
+        raise ParseError(lineno, text)
+    return value
+
+
+class SeriesDetector:
+    """Feeds one series sample by sample; yields onset indices as they are detected."""
+
+    def __init__(
+        self, kind: str = DEFAULT_KIND, params: Mapping[str, float | int] | None = None
+    ) -> None:
+        self.det: Detector = make_detector(kind, 1, params)
+        self.i = 0
+
+    def push(self, value: float | None) -> list[int]:
+        """Feed sample `self.i`; the onset indices this completes (usually none)."""
+        x = math.nan if value is None else float(value)
+        self.i += 1
+        hits = self.det.update(_ROW, np.array([float(self.i)]), np.array([[x]]))
+        return [min(max(round(float(t)), 0), self.i - 1) for t in hits.onset_ts]
+
+
+def detect_series(
+    values: Sequence[float | None],
+    kind: str = DEFAULT_KIND,
+    params: Mapping[str, float | int] | None = None,
+) -> list[int]:
+    """0-based indices of the estimated change points (first sample of each new level)."""
+    sd = SeriesDetector(kind, params)
+    out: list[int] = []
+    for v in values:
+        out.extend(sd.push(v))
+    return out
+
+
+def main_stdin(
+    stdin: Iterable[str],
+    stdout: TextIO,
+    kind: str = DEFAULT_KIND,
+    params: Mapping[str, float | int] | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Stream stdin to change-point indices on stdout; 2 (one error line) on a bad line."""
+    err = sys.stderr if stderr is None else stderr
+    sd = SeriesDetector(kind, params)
+    for lineno, line in enumerate(stdin, start=1):
+        try:
+            value = parse_line(lineno, line)
+        except ParseError as exc:
+            err.write(f"flopwatch detect: error: {exc}\n")
+            return 2
+        found = sd.push(value)
+        if found:
+            stdout.write("".join(f"{idx}\n" for idx in found))
+            stdout.flush()  # a pipe consumer sees change points as they happen
+    stdout.flush()
+    return 0

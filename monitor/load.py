@@ -1,0 +1,58 @@
+"""Load awareness: detect on `y / expected(y | load)` so a traffic burst is not a regression.
+
+MFU, stall fraction, latency and queueing move with batch size and request
+rate. For each load-sensitive column, one `LoadModel` per (pool, model, layer)
+group learns the expectation from log(1 + batch) and log(1 + req_rate); the
+detector sees the ratio, about 1.0 at any load. A regression that shows only
+under burst load still moves the ratio during bursts, so it is still caught.
+Columns that are not load-driven (clock, temperature, kernel fallback, quality)
+pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from monitor.detect.base import F64, I64
+from monitor.detect.load_model import LoadModel
+
+# Load-driven columns; the rest are judged on their raw values.
+LOAD_SENSITIVE = frozenset({
+    "mfu", "stall_frac", "arith_intensity", "occupancy", "sync_frac",
+    "device_mfu", "power_w", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms",
+    "queue_wait_ms", "queue_depth",
+})  # fmt: skip
+
+
+class LoadAdjuster:
+    """Turns a wave's value matrix into load-normalised ratios, column by column."""
+
+    def __init__(self, columns: tuple[str, ...], forget: float = 0.99) -> None:
+        self.columns = columns
+        self.models = {
+            i: LoadModel(2, forget=forget) for i, m in enumerate(columns) if m in LOAD_SENSITIVE
+        }
+
+    def adjust(self, groups: I64, load: F64, values: F64) -> tuple[F64, F64]:
+        """(ratios, expected): NaN ratio while a group's model warms up or expects <= 0."""
+        feats = np.log1p(np.nan_to_num(load, nan=0.0))
+        ratios = values.copy()
+        expected = np.ones_like(values)
+        for col, model in self.models.items():
+            y = values[:, col]
+            ok = np.isfinite(y)
+            exp = np.full(y.shape, np.nan)
+            if ok.any():
+                exp[ok] = model.update(groups[ok], feats[ok], y[ok])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios[:, col] = np.where(exp > 0, y / exp, np.nan)
+            expected[:, col] = exp
+        return ratios, expected
+
+    def snapshot(self) -> dict[int, bytes]:
+        """Each column model's bytes."""
+        return {c: m.snapshot() for c, m in self.models.items()}
+
+    def restore(self, blobs: dict[int, bytes]) -> None:
+        """Load column models saved by `snapshot`."""
+        self.models = {c: LoadModel.restore(b) for c, b in blobs.items()}

@@ -1,0 +1,197 @@
+"""A plain, one-cell, sample-at-a-time float64 rendering of the bank engine's documented rules.
+
+It shares no code with `monitor.detect.bank`: the vectorised engine must agree
+with it (same detection times, same onsets, close levels) on clear-cut input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from monitor.detect.bank import clipped_second_moment
+
+
+@dataclass
+class RefHit:
+    """One detection of the reference."""
+
+    detected_ts: float
+    onset_ts: float
+    before: float
+    after: float
+
+
+@dataclass
+class BankReference:
+    """One cell of the bank engine, written for clarity rather than speed."""
+
+    h: float = 11.0
+    shifts: tuple[float, ...] = (0.5, 1.0, 2.0)
+    clip: float = 2.5
+    step_cap: float = 2.5
+    burn_in: int = 32
+    history: int = 32
+    youth: float = 16.0
+    maturity: float = 64.0
+    baseline_window: int = 512
+    scale_window: int = 1024
+    ar_window: int = 4096
+    ar_max: float = 0.8
+    ar_margin: float = 1.0
+    rel_floor: float = 1e-3
+    abs_floor: float = 1e-9
+    min_rel_change: float = 0.03
+    ring: list[tuple[float, float]] = field(default_factory=list)  # (t, x); x NaN = dropped
+    n: int = 0
+    nb: int = 0
+    ns: int = 0
+    mu: float = 0.0
+    sig: float = 1.0
+    phi: float = 0.0
+    c0: float = 0.0
+    c1: float = 0.0
+    dprev: float = 0.0
+    lprev: float = 0.0
+    up: list[float] = field(default_factory=list)
+    dn: list[float] = field(default_factory=list)
+    run: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+    def __post_init__(self) -> None:
+        self.up = [0.0] * len(self.shifts)
+        self.dn = [0.0] * len(self.shifts)
+        self.kappa = clipped_second_moment(self.clip)
+        self.dclip = self.clip * (1 + self.ar_max)
+        self.youth_until = math.ceil(32 * self.youth)
+
+    def _clip(self, v: float, b: float) -> float:
+        return min(max(v, -b), b)
+
+    def _phi_used(self, est: float, count: float) -> float:
+        count = max(count, 1.0)
+        v = est + (1 + 3 * est) / count + self.ar_margin / math.sqrt(count)
+        return min(max(v, 0.0), self.ar_max)
+
+    def update(self, t: float, x: float) -> RefHit | None:
+        """Feed one sample; a detection when one completes (NaN: ignored)."""
+        if not math.isfinite(x):
+            return None
+        leaving = self.ring.pop(0)[1] if len(self.ring) == self.history else math.nan
+        self.ring.append((t, x))
+        self.n += 1
+        if self.n <= self.burn_in:
+            if self.n == self.burn_in:
+                self._baseline()
+            return None
+        return self._active(t, x, leaving)
+
+    def _active(self, t: float, x: float, xl: float) -> RefHit | None:
+        c = self.clip
+        dz = self._clip((x - self.mu) / self.sig, self.dclip)
+        z = self._clip(dz - self.phi * self.dprev, c)
+        self.dprev = dz
+        if self.n < self.youth_until:
+            z *= min(max(1 - self.youth / self.n, 0.0), 1.0)
+        fire = False
+        for j, d in enumerate(self.shifts):
+            a_up, a_dn = d * z - d * d / 2, -d * z - d * d / 2
+            if d * c - d * d / 2 > self.step_cap:
+                a_up, a_dn = min(a_up, self.step_cap), min(a_dn, self.step_cap)
+            self.up[j] = max(0.0, self.up[j] + a_up)
+            self.dn[j] = max(0.0, self.dn[j] + a_dn)
+            if self.nb < math.ceil(self.maturity / d**2):
+                self.up[j] = self.dn[j] = 0.0
+            if j == 0:
+                self.run = [
+                    (self.run[0] + 1) * (self.up[0] > 0),
+                    (self.run[1] + 1) * (self.dn[0] > 0),
+                ]
+            fire = fire or max(self.up[j], self.dn[j]) > self.h
+        if math.isfinite(xl):
+            rl = self._clip((xl - self.mu) / self.sig, self.dclip)
+            self.nb = min(self.nb + 1, self.baseline_window)
+            self.ns = min(self.ns + 1, max(self.scale_window, self.ar_window))
+            self.mu += self.sig * rl / self.nb
+            el = min((rl - self.phi * self.lprev) ** 2, c * c)
+            a_s = 1 / min(self.ns, self.scale_window)
+            self.sig *= 1 + a_s * (0.5 * el / self.kappa - 0.5)
+            self.sig = max(self.sig, self.rel_floor * abs(self.mu), self.abs_floor)
+            a_p = 1 / min(self.ns, self.ar_window)
+            self.c0 += a_p * (rl * rl - self.c0)
+            self.c1 += a_p * (rl * self.lprev - self.c1)
+            self.phi = self._phi_used(self.c1 / (self.c0 + 1e-12), min(self.ns, self.ar_window))
+            self.lprev = rl
+        return self._alarm(t) if fire else None
+
+    def _alarm(self, t: float) -> RefHit | None:
+        rows = [v for pair in zip(self.up, self.dn, strict=True) for v in pair]
+        member = rows.index(max(rows)) // 2  # the bank row that leads, first on ties
+        sign = 1 if max(self.up) >= max(self.dn) else -1
+        times = [p[0] for p in self.ring]
+        vals = [p[1] for p in self.ring]
+        valid = [i for i, v in enumerate(vals) if math.isfinite(v)]
+        best, first = -1.0, valid[0]
+        for i in valid:  # the earliest maximiser of (signed suffix sum)² / length
+            suf = [sign * (vals[k] - self.mu) for k in valid if k >= i]
+            s = sum(suf)
+            g = s * s / len(suf) if s > 0 else -1.0
+            if g > best:
+                best, first = g, i
+        onset = times[first - 1] if first > 0 else times[first]
+        run = self.run[0] if sign > 0 else self.run[1]
+        if member == 0 and run > len(valid) and len(valid) >= 2:
+            spacing = float(np.median(np.diff([times[i] for i in valid])))
+            onset = t - run * spacing
+        post = [vals[i] for i in valid if i >= first]
+        after = float(np.median(post))
+        before = self.mu
+        self.up = [0.0] * len(self.shifts)
+        self.dn = [0.0] * len(self.shifts)
+        self.run = [0.0, 0.0]
+        self.ring = [(tt, v if i >= first else math.nan) for i, (tt, v) in enumerate(self.ring)]
+        self.n = len(post)
+        if self.n >= self.burn_in:
+            self._baseline()
+        if abs(after - before) < self.min_rel_change * max(abs(before), self.abs_floor):
+            return None
+        return RefHit(t, onset, before, after)
+
+    def _baseline(self) -> None:
+        vals = np.array([v for _, v in self.ring])
+        fin = np.isfinite(vals)
+        if self.ns == 0:
+            self._first_baseline(vals, fin)
+        mu = float(np.median(vals[fin]))
+        self.mu = mu
+        self.dprev = self._clip((vals[fin][-1] - mu) / self.sig, self.dclip)
+        self.nb = int(fin.sum())
+        self.n = max(self.n, self.burn_in)
+        self.ring = [(tt, math.nan) for tt, _ in self.ring]
+        self.up = [0.0] * len(self.shifts)
+        self.dn = [0.0] * len(self.shifts)
+        self.run = [0.0, 0.0]
+
+    def _first_baseline(self, vals: np.ndarray, fin: np.ndarray) -> None:
+        c = self.clip
+        x = vals[fin]
+        mu = float(np.median(x))
+        d = x - mu
+        mad = float(np.median(np.abs(d))) * 1.4826
+        floor = max(self.rel_floor * abs(mu), self.abs_floor)
+        sx = max(mad if mad > 0 else float(np.mean(np.abs(d))) * math.sqrt(math.pi / 2), floor)
+        dc = np.clip(d / sx, -c, c)
+        est = float(np.clip((dc[1:] * dc[:-1]).sum() / max((dc * dc).sum(), 1e-12), -1, 1))
+        phi = self._phi_used(est, float(x.size))
+        e = d[1:] - phi * d[:-1]
+        sig = max(sx * math.sqrt(max(1 - est * est, 0.0)), floor)
+        for _ in range(3):
+            sig = max(
+                math.sqrt(float(np.mean(np.minimum(e * e, (c * sig) ** 2))) / self.kappa), floor
+            )
+        self.sig, self.phi = sig, phi
+        self.c0 = (sx / sig) ** 2
+        self.c1 = est * self.c0
+        self.lprev = 0.0
+        self.ns = int(x.size)

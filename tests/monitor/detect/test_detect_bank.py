@@ -1,0 +1,338 @@
+"""The bank engine: false-alarm bounds, detection, onsets, state, and a scalar reference."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from monitor.detect import restore_detector
+from monitor.detect.bank import BankCusum
+from monitor.detect.base import Detections
+
+WINDOW = 10.0
+
+
+def _load_reference() -> type:
+    """The sibling scalar reference (tests are not a package under importlib mode)."""
+    path = Path(__file__).with_name("bank_reference.py")
+    spec = importlib.util.spec_from_file_location("detect_bank_reference", path)
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod.BankReference
+
+
+BankReference = _load_reference()
+
+
+def feed(
+    det: BankCusum, x: np.ndarray, *, t0: float = 0.0, rows: np.ndarray | None = None
+) -> Detections:
+    """x: (T, n_rows, K), one dense wave per step; all detections in order."""
+    rows = np.arange(x.shape[1], dtype=np.int64) if rows is None else rows
+    return Detections.concat(
+        [det.update(rows, np.full(rows.size, t0 + WINDOW * t), x[t]) for t in range(x.shape[0])]
+    )
+
+
+def ar1(rng: np.random.Generator, shape: tuple[int, ...], phi: float) -> np.ndarray:
+    """Unit-variance AR(1) noise along axis 0."""
+    e = rng.standard_normal(shape) * np.sqrt(1 - phi * phi)
+    out = np.empty(shape)
+    out[0] = rng.standard_normal(shape[1:])
+    for t in range(1, shape[0]):
+        out[t] = phi * out[t - 1] + e[t]
+    return out
+
+
+# -- no alarms where there is nothing to find ---------------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(level=st.one_of(st.just(0.0), st.floats(-1e12, 1e12, allow_nan=False)))
+def test_constant_series_never_alarm(level: float) -> None:
+    """A flat line, whatever its level (zero included), is never a change."""
+    x = np.full((400, 8, 2), level)
+    assert len(feed(BankCusum(2), x)) == 0
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    noise=st.sampled_from(["gauss", "t3", "ar1"]),
+    level=st.floats(1e-3, 1e9),
+    rel_sd=st.floats(1e-3, 0.2),
+)
+def test_pure_noise_stays_within_the_false_alarm_bound(
+    seed: int, noise: str, level: float, rel_sd: float
+) -> None:
+    """Long pure-noise runs alarm at most at the configured rate (1 per 1e5 windows, slack for
+    the Poisson tail), under Gaussian, heavy-tailed and autocorrelated noise alike."""
+    rng = np.random.default_rng(seed)
+    shape = (2500, 200, 1)  # 5e5 stream-windows: the bound expects <= 5 false alarms
+    if noise == "gauss":
+        z = rng.standard_normal(shape)
+    elif noise == "t3":
+        z = rng.standard_t(3, shape) / np.sqrt(3)
+    else:
+        z = ar1(rng, shape, 0.5)
+    x = level * (1 + rel_sd * z)
+    hits = feed(BankCusum(1, min_rel_change=0.0), x)
+    assert len(hits) <= 15
+
+
+def test_single_and_double_window_outliers_never_alarm() -> None:
+    """Clipping and the per-window cap: isolated outliers of any size are not changes."""
+    rng = np.random.default_rng(3)
+    x = 5.0 + 0.05 * rng.standard_normal((600, 50, 1))
+    x[300, :25, 0] = 5e6
+    x[450, 25:, 0] = -5e6
+    x[451, 25:, 0] = -5e6
+    assert len(feed(BankCusum(1), x)) == 0
+
+
+# -- detection, onset and levels --------------------------------------------------------
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.floats(6.0, 50.0),
+    sign=st.sampled_from([-1.0, 1.0]),
+    start=st.integers(300, 500),
+)
+def test_large_step_found_within_a_few_windows(
+    seed: int, size: float, sign: float, start: int
+) -> None:
+    """A step of >= 6 sigma is found within 6 windows with the exact onset and its levels."""
+    rng = np.random.default_rng(seed)
+    x = 100.0 + rng.standard_normal((start + 20, 1, 1))
+    x[start:] += sign * size
+    hits = feed(BankCusum(1), x)
+    assert len(hits) == 1
+    assert hits.detected_ts[0] <= WINDOW * (start + 5)
+    assert hits.onset_ts[0] == WINDOW * (start - 1)  # end of the last window before the step
+    assert abs(hits.before[0] - 100.0) < 0.5
+    assert abs(hits.after[0] - (100.0 + sign * size)) < 2.0  # median of >= 4 samples
+    assert hits.score[0] >= 1.0
+
+
+def test_one_sigma_shift_is_caught_and_onset_is_close() -> None:
+    """A 1-sigma shift on an established baseline: found by nearly every stream, onset near."""
+    rng = np.random.default_rng(11)
+    x = 10.0 + rng.standard_normal((1100, 400, 1))
+    sign = np.where(np.arange(400) % 2 == 0, 1.0, -1.0)
+    x[900:, :, 0] += sign
+    det = BankCusum(1, min_rel_change=0.0)
+    hits = feed(det, x)
+    late = hits.detected_ts >= WINDOW * 900
+    found = np.unique(hits.rows[late])
+    assert found.size >= 0.95 * 400
+    first = {r: i for i, r in reversed(list(enumerate(hits.rows))) if hits.detected_ts[i] >= 9000}
+    idx = np.array(list(first.values()))
+    delay = hits.detected_ts[idx] / WINDOW - 899
+    assert 15 <= np.median(delay) <= 30  # the exact oracle needs a median of 18
+    err = np.abs(hits.onset_ts[idx] / WINDOW - 899)
+    assert np.mean(err <= 2) >= 0.45  # ~0.6 is the statistical ceiling for a 1-sigma shift
+    assert np.all(np.sign(hits.after[idx] - hits.before[idx]) == sign[hits.rows[idx]])
+
+
+def test_rebaselines_after_a_detection() -> None:
+    """After a step the cell settles on the new level: no repeat alarms, a second step is
+    measured against the new level."""
+    rng = np.random.default_rng(5)
+    x = 1.0 + 0.01 * rng.standard_normal((900, 4, 1))
+    x[400:] += 0.2
+    x[700:] -= 0.1
+    hits = feed(BankCusum(1), x)
+    for r in range(4):
+        mine = hits.rows == r
+        assert mine.sum() == 2
+        assert np.allclose(hits.before[mine], [1.0, 1.2], atol=0.01)
+        assert np.allclose(hits.after[mine], [1.2, 1.1], atol=0.03)  # median of a few samples
+
+
+def test_small_significant_shift_rebaselines_silently() -> None:
+    """Below min_rel_change a significant shift is absorbed without a detection."""
+    rng = np.random.default_rng(2)
+    x = 1.0 + 0.001 * rng.standard_normal((800, 6, 1))
+    x[400:] += 0.01  # 1% of the level, 10 sigma: certain, but immaterial at 3%
+    det = BankCusum(1, min_rel_change=0.03)
+    assert len(feed(det, x)) == 0
+    assert np.allclose(det._s["mu"][:6], 1.01, atol=0.002)  # it moved to the new level
+
+
+def test_scale_floor_keeps_flat_series_sane() -> None:
+    """Flat series: a 5% step on a constant alerts, and a zero series jumping to 0.4 too."""
+    x = np.full((200, 2, 1), 2.0)
+    x[:, 1, 0] = 0.0
+    x[100:, 0, 0] = 2.1
+    x[100:, 1, 0] = 0.4
+    hits = feed(BankCusum(1), x)
+    assert sorted(hits.rows.tolist()) == [0, 1]
+    assert np.all(hits.detected_ts <= WINDOW * 106)
+    assert np.all(hits.onset_ts == WINDOW * 99)
+
+
+# -- missing windows, irregular time, forget, growth --------------------------------------
+
+
+def test_nan_cells_leave_state_untouched() -> None:
+    """A NaN leaves every array of that cell as it was; other columns still update."""
+    rng = np.random.default_rng(0)
+    det = BankCusum(2)
+    feed(det, 1 + 0.1 * rng.standard_normal((60, 3, 2)))
+    before = {k: v.copy() for k, v in det._arrays().items()}
+    det.update(np.array([1]), np.array([600.0]), np.array([[np.nan, 1.0]]))
+    after = det._arrays()
+    cell_nan, cell_ok = 1 * 2 + 0, 1 * 2 + 1
+    for name, arr in before.items():
+        np.testing.assert_array_equal(arr[..., cell_nan], after[name][..., cell_nan], err_msg=name)
+    assert not np.array_equal(before["tring"][..., cell_ok], after["tring"][..., cell_ok])
+
+
+def test_gaps_and_irregular_times() -> None:
+    """Missing windows and jittered times: the onset is a real sample time before the step."""
+    rng = np.random.default_rng(9)
+    T = 700
+    ts = np.cumsum(rng.uniform(5.0, 15.0, T))
+    x = 50.0 + rng.standard_normal((T, 1, 1))
+    x[rng.random(T) < 0.2] = np.nan  # a fifth of the windows never arrive
+    x[500:] += 10.0
+    det = BankCusum(1)
+    hits = Detections.concat([det.update(np.array([0]), ts[t : t + 1], x[t]) for t in range(T)])
+    assert len(hits) == 1
+    last_before = ts[:500][np.isfinite(x[:500, 0, 0])][-1]
+    assert hits.onset_ts[0] == last_before
+    assert hits.detected_ts[0] <= ts[510]
+
+
+def test_forget_makes_a_fresh_stream() -> None:
+    """A forgotten row behaves exactly like a brand-new detector's row."""
+    rng = np.random.default_rng(4)
+    x = 3 + rng.standard_normal((300, 2, 1))
+    y = 7 + rng.standard_normal((200, 1, 1))
+    y[120:] += 8
+    det = BankCusum(1)
+    feed(det, x)
+    det.forget(np.array([1]))
+    got = feed(det, y, rows=np.array([1]))
+    want = feed(BankCusum(1), y, rows=np.array([0]))
+    np.testing.assert_array_equal(got.detected_ts, want.detected_ts)
+    np.testing.assert_array_equal(got.onset_ts, want.onset_ts)
+    np.testing.assert_array_equal(got.after, want.after)
+
+
+def test_capacity_grows_on_demand_without_changing_results() -> None:
+    """Rows past the capacity work, and growing mid-stream changes nothing."""
+    rng = np.random.default_rng(6)
+    x = 2 + rng.standard_normal((300, 40, 1))
+    x[200:, 3] += 6
+    x[200:, 39] -= 6
+    small, big = BankCusum(1, capacity=2), BankCusum(1, capacity=64)
+    a, b = feed(small, x), feed(big, x)
+    assert small.capacity >= 40
+    assert sorted(a.rows.tolist()) == [3, 39]
+    for f in ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
+# -- checkpoints --------------------------------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), cut=st.integers(1, 399), k=st.integers(1, 3))
+def test_snapshot_restore_gives_identical_future_outputs(seed: int, cut: int, k: int) -> None:
+    """Checkpoint at any point, restore, continue: bit-identical detections and state."""
+    rng = np.random.default_rng(seed)
+    x = 1 + 0.1 * rng.standard_normal((400, 12, k))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    x[250:, :4] += 0.5
+    det = BankCusum(k, capacity=4)
+    feed(det, x[:cut])
+    blob = det.snapshot()
+    twin = restore_detector(blob)
+    assert isinstance(twin, BankCusum)
+    assert twin.snapshot() == blob
+    a = feed(det, x[cut:], t0=WINDOW * cut)
+    b = feed(twin, x[cut:], t0=WINDOW * cut)
+    for f in ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert det.snapshot() == twin.snapshot()
+
+
+def test_state_is_compact() -> None:
+    """Well under 1 KB per (stream, metric) cell."""
+    det = BankCusum(3, capacity=1000)
+    assert det.state_bytes_per_cell() <= 1024
+    assert len(det.snapshot()) <= 1000 * 3 * det.state_bytes_per_cell() + 4096
+
+
+# -- vectorised == scalar ---------------------------------------------------------------------
+
+
+def _scenario(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    T, n = 700, 6
+    x = 20.0 + rng.standard_normal((T, n))
+    x[300:, 0] += 8.0  # clear steps up and down, a slow one, two steps in a row
+    x[450:, 1] -= 6.0
+    x[350:, 2] += 2.5
+    x[250:, 3] += 10.0
+    x[560:, 3] -= 10.0
+    x[:, 4] = 20.0 + 0.5 * ar1(rng, (T, 1), 0.6)[:, 0]
+    x[400:, 4] += 6.0
+    x[rng.random((T, n)) < 0.05] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vectorised_engine_matches_scalar_reference(seed: int) -> None:
+    """Same detections (times, onsets) and levels as a plain per-sample implementation."""
+    x = _scenario(seed)
+    det = BankCusum(1)
+    got = feed(det, x[:, :, None])
+    for r in range(x.shape[1]):
+        ref = BankReference()
+        want = [
+            h
+            for t in range(x.shape[0])
+            if (h := ref.update(WINDOW * t, float(x[t, r]))) is not None
+        ]
+        mine = got.rows == r
+        assert [h.detected_ts for h in want] == got.detected_ts[mine].tolist(), r
+        assert [h.onset_ts for h in want] == pytest.approx(got.onset_ts[mine].tolist()), r
+        assert [h.before for h in want] == pytest.approx(got.before[mine].tolist(), rel=1e-4)
+        assert [h.after for h in want] == pytest.approx(got.after[mine].tolist(), rel=1e-4)
+
+
+def test_many_streams_equal_one_at_a_time_and_any_row_order() -> None:
+    """Vectorisation couples nothing: a wave of many rows in any order, with NaN holes, gives
+    each stream exactly what a detector of its own gives it."""
+    rng = np.random.default_rng(8)
+    T, n, k = 500, 9, 2
+    x = 4 + rng.standard_normal((T, n, k))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    x[300:, ::3, 0] += 3.0
+    x[350:, 1::3, 1] -= 3.0
+    together = BankCusum(k, capacity=n)
+    got = []
+    for t in range(T):
+        order = rng.permutation(n)  # arbitrary row order: the gather path
+        got.append(together.update(order, np.full(n, WINDOW * t), x[t, order]))
+    every = Detections.concat(got)
+    for r in range(n):
+        alone = feed(BankCusum(k), x[:, r : r + 1])
+        mine = every.rows == r
+        for f in ("cols", "detected_ts", "onset_ts", "before", "after", "score"):
+            np.testing.assert_array_equal(getattr(every, f)[mine], getattr(alone, f), err_msg=f)

@@ -1,0 +1,126 @@
+"""The factory and every kind behind it obey the same `Detector` contract."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from monitor.detect import (
+    DEFAULT_KIND,
+    KINDS,
+    BankCusum,
+    RiverDetector,
+    TaggedCusum,
+    detector_params,
+    make_detector,
+    restore_detector,
+)
+from monitor.detect.base import Detections, Detector
+from monitor.detect.cusum import Cusum
+
+FIELDS = ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score")
+
+
+def feed(det: Detector, x: np.ndarray, t0: float = 0.0) -> Detections:
+    """x: (T, n_rows, K) dense waves, 10 s apart."""
+    rows = np.arange(x.shape[1], dtype=np.int64)
+    return Detections.concat(
+        [det.update(rows, np.full(rows.size, t0 + 10.0 * t), x[t]) for t in range(x.shape[0])]
+    )
+
+
+def step_data(seed: int = 0) -> np.ndarray:
+    """Three streams x two metrics; stream 1 metric 0 steps up by 10 sigma at window 250."""
+    rng = np.random.default_rng(seed)
+    x = 10.0 + 0.1 * rng.standard_normal((400, 3, 2))
+    x[250:, 1, 0] += 1.0
+    return x
+
+
+def test_default_is_the_bank() -> None:
+    """The engine is the default, and the kinds are the documented five."""
+    assert DEFAULT_KIND == "bank"
+    assert set(KINDS) == {"bank", "cusum", "adwin", "page_hinkley", "kswin"}
+    assert isinstance(make_detector("bank", 2), BankCusum)
+    assert isinstance(make_detector("cusum", 2), Cusum)
+    assert isinstance(make_detector("adwin", 2), RiverDetector)
+
+
+def test_unknown_kind_names_the_valid_ones() -> None:
+    """A typo in detector.kind says what would have worked."""
+    with pytest.raises(ValueError, match="valid kinds: bank, cusum, adwin, page_hinkley, kswin"):
+        make_detector("focus", 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unknown_parameter_names_the_valid_ones(kind: str) -> None:
+    """Parameters are checked per kind, and the message lists what the kind takes."""
+    with pytest.raises(ValueError, match="valid:"):
+        make_detector(kind, 1, {"no_such_knob": 1.0})
+    assert "capacity" in detector_params(kind)
+
+
+def test_parameters_reach_the_engine() -> None:
+    """Config values are passed through as constructor keywords."""
+    det = make_detector("bank", 1, {"h": 20.0, "burn_in": 16, "min_rel_change": 0.1})
+    assert isinstance(det, BankCusum)
+    assert (det.h, det.burn_in, det.min_rel_change) == (20.0, 16, 0.1)
+    pk = make_detector("page_hinkley", 1, {"threshold": 7.0})
+    assert isinstance(pk, RiverDetector)
+    assert pk.river_params["threshold"] == 7.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_finds_a_clear_step_with_a_sane_onset(kind: str) -> None:
+    """A 10-sigma step on one cell is found on that cell, onset before detection, levels right."""
+    hits = feed(make_detector(kind, 2), step_data())
+    on = (hits.rows == 1) & (hits.cols == 0) & (hits.detected_ts >= 2500.0)
+    assert on.any()
+    i = int(np.flatnonzero(on)[0])
+    assert hits.detected_ts[i] <= 10.0 * 330
+    assert hits.onset_ts[i] <= hits.detected_ts[i]
+    assert hits.onset_ts[i] >= 10.0 * 150
+    assert hits.after[i] > hits.before[i]
+    assert np.all(hits.score >= 1.0)
+    for f in FIELDS:
+        assert getattr(hits, f).shape == hits.rows.shape
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_tolerates_missing_cells(kind: str) -> None:
+    """NaN cells are skipped: an all-NaN column never produces a detection."""
+    x = step_data(1)
+    x[:, :, 1] = np.nan
+    hits = feed(make_detector(kind, 2), x)
+    assert not np.any(hits.cols == 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_round_trips_through_restore_detector(kind: str) -> None:
+    """snapshot -> restore_detector -> identical future outputs, for every kind."""
+    x = step_data(2)
+    det = make_detector(kind, 2, {"capacity": 2})
+    feed(det, x[:200])
+    twin = restore_detector(det.snapshot())
+    assert type(twin) is type(det)
+    a, b = feed(det, x[200:], t0=2000.0), feed(twin, x[200:], t0=2000.0)
+    for f in FIELDS:
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_forgets_and_grows(kind: str) -> None:
+    """forget() on any row is safe, and rows past the initial capacity just work."""
+    det = make_detector(kind, 1, {"capacity": 1})
+    x = np.full((50, 5, 1), 3.0)
+    feed(det, x)
+    det.forget(np.array([0, 4, 99], dtype=np.int64))
+    assert len(det.update(np.array([7]), np.array([600.0]), np.array([[3.0]]))) == 0
+
+
+def test_untagged_placeholder_checkpoints_still_restore() -> None:
+    """The placeholder's own .npz bytes (written before the factory existed) are accepted."""
+    raw = Cusum(1).snapshot()
+    assert isinstance(restore_detector(raw), TaggedCusum)
+    with pytest.raises(ValueError, match="not a detector checkpoint"):
+        restore_detector(b"garbage")
