@@ -58,6 +58,9 @@ class ScenarioResult:
     stage_ok: int = 0
     rollback_ok: int = 0
     after_onset_suggestions: int = 0
+    resolved_ok: int = 0  # labelled as ended (e.g. rolled back) and the alert resolved after
+    resolved_early: int = 0  # alert resolved while the labelled incident was still on
+    ended: int = 0
     delays: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
     false: list[str] = field(default_factory=list)
@@ -86,10 +89,14 @@ def score(labels: dict[str, Any], alerts: list[Alert], tolerance: float) -> Scen
     truth = labels["incidents"]
     changes = {c["id"]: c for c in labels["changes"]}
     res = ScenarioResult(labels["scenario"], len(truth))
+    res.ended = sum(1 for inc in truth if inc.get("end_ts") is not None)
     by_id: dict[str, list[Alert]] = {}
+    resolved_at: dict[str, float] = {}
     for a in alerts:
         if a.status == "firing":
             by_id.setdefault(a.id, []).append(a)
+        else:
+            resolved_at[a.id] = a.ts
     matched_ids: set[str] = set()
     for inc in truth:
         lo = inc["onset_ts"] - tolerance * w
@@ -111,6 +118,13 @@ def score(labels: dict[str, Any], alerts: list[Alert], tolerance: float) -> Scen
         res.delays.append((first.detected_ts - inc["onset_ts"]) / w)
         res.stage_ok += last.first_failing_stage == inc["first_failing_stage"]
         res.rollback_ok += last.suggestion.change_id == inc["change_id"]
+        ended = inc.get("end_ts")
+        for h in hits:
+            if h in resolved_at:
+                if ended is not None and resolved_at[h] >= ended:
+                    res.resolved_ok += 1
+                else:
+                    res.resolved_early += 1
     for aid, seq in by_id.items():
         a = seq[-1]
         cid = a.suggestion.change_id
@@ -158,6 +172,9 @@ def main() -> int:
         else None,
         "median_delay_windows": round(statistics.median(delays), 2) if delays else None,
         "after_onset_suggestions": sum(r.after_onset_suggestions for r in results),
+        "resolved_after_fix": sum(r.resolved_ok for r in results),
+        "resolved_while_still_broken": sum(r.resolved_early for r in results),
+        "incidents_ended_in_labels": sum(r.ended for r in results),
         "incidents": total,
         "detector": settings.detector.kind,
     }

@@ -57,21 +57,23 @@ class Advisor:
         """Forget changes older than twice the look-back."""
         self.changes = [c for c in self.changes if now_ts - c.ts <= 2 * self.lookback_s]
 
-    def candidates(self, inc: Incident, stage: Stage) -> list[ChangeEvent]:
+    def candidates(self, inc: Incident, stage: Stage, level: str = "pool") -> list[ChangeEvent]:
         """Changes that may explain the incident, most recent first."""
         latest = inc.onset_ts + inc.window_s
         out = [
             c
             for c in self.changes
             if inc.onset_ts - self.lookback_s <= c.ts <= latest
-            and _covers(c.scope, inc)
+            and _covers(c.scope, inc, level)
             and stage in KIND_STAGES.get(c.kind, frozenset())
         ]
         return sorted(out, key=lambda c: (c.ts, c.id), reverse=True)
 
-    def suggest(self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str) -> Suggestion:
+    def suggest(
+        self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str, level: str = "pool"
+    ) -> Suggestion:
         """A rollback when a fitting change exists, else the next bounded step (a hypothesis)."""
-        found = self.candidates(inc, stage)
+        found = self.candidates(inc, stage, level)
         if found:
             ch = found[0]
             # Closer to the onset and alone in its window -> more likely the cause.
@@ -95,8 +97,17 @@ class Advisor:
         )
 
 
-def _covers(scope: ChangeScope, inc: Incident) -> bool:
+def _covers(scope: ChangeScope, inc: Incident, level: str) -> bool:
+    """The change reached the affected devices, and its reach fits the incident's.
+
+    A change rolled out to a whole pool that hurt only one host or a few devices is
+    an unlikely cause: it would have hurt the pool. Host- or device-scoped changes
+    can explain narrow incidents.
+    """
     if scope.pool is not None and scope.pool != inc.pool:
+        return False
+    broad = scope.host is None and scope.device is None
+    if broad and level in ("device", "host"):
         return False
     if scope.model is not None and scope.model != inc.model:
         return False

@@ -39,7 +39,10 @@ class ChangePoint:
     after: float
     score: float
     window_s: float
-    row: int = -1  # stream row of the metric (layer row or device row)
+    row: int = -1  # stream row of the metric (layer row or device row) in its partition
+    partition: int = 0
+    norm_before: float = math.nan  # levels as the detector saw them (load-normalised)
+    norm_after: float = math.nan
 
     @property
     def is_regression(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from statistics import median
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,8 +17,10 @@ from monitor.advisor import Advisor
 from monitor.config import AlertSettings
 from monitor.correlator import Incident, bottleneck_class
 from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS
-from monitor.stream_table import Frame
 from monitor.wire import STAGES, Alert, AlertScope, Evidence
+
+if TYPE_CHECKING:
+    from monitor.pipeline import NormView
 
 PoolKey = tuple[str | None, str | None]
 RUNBOOK = "docs/runbook.md#"
@@ -76,28 +79,40 @@ class AlertLifecycle:
         return out
 
     def observe(
-        self, incidents: list[Incident], frame: Frame, n_pool: dict[PoolKey, int]
+        self, incidents: list[Incident], views: list[NormView], n_pool: dict[PoolKey, int]
     ) -> list[Alert]:
-        """Track recovery of paged incidents; resolved alerts for those back to baseline."""
+        """Track recovery of paged incidents; resolved alerts for those back to baseline.
+
+        Recovery is judged on the values as the detector saw them (load-normalised),
+        so a quiet hour does not look like a fix and a burst does not look like a relapse.
+        """
         out: list[Alert] = []
         for inc in incidents:
             if inc.status != "open" or inc.alert_id is None:
                 continue
             metric = inc.primary_metric
             pts = inc.primary_points()
-            if metric in LAYER_METRICS:
-                rows, ts, vals = frame.layer_rows, frame.layer_ts, frame.layer_values
-                col = LAYER_METRICS.index(metric)
-            else:
-                rows, ts, vals = frame.device_rows, frame.device_ts, frame.device_values
-                col = DEVICE_METRICS.index(metric)
-            mask = np.isin(rows, np.array([p.row for p in pts], dtype=np.int64))
-            if not mask.any():
+            on_layer = metric in LAYER_METRICS
+            col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
+            ts_parts, v_parts = [], []
+            for view in views:
+                f = view.frame
+                rows, ts, vals = (
+                    (f.layer_rows, f.layer_ts, view.layer_norm)
+                    if on_layer
+                    else (f.device_rows, f.device_ts, view.device_norm)
+                )
+                mine = np.array([p.row for p in pts if p.partition == view.partition])
+                mask = np.isin(rows, mine)
+                ts_parts.append(ts[mask])
+                v_parts.append(vals[mask, col])
+            all_ts = np.concatenate(ts_parts) if ts_parts else np.empty(0)
+            if not all_ts.size:
                 continue
-            before = median(p.before for p in pts)
+            before = median(p.norm_before for p in pts)
             sign = BAD_DIRECTION.get(metric, -1)
-            win_ts, inv = np.unique(ts[mask], return_inverse=True)
-            v = vals[mask, col]
+            win_ts, inv = np.unique(all_ts, return_inverse=True)
+            v = np.concatenate(v_parts)
             ok = np.isfinite(v)
             sums = np.bincount(inv[ok], weights=v[ok], minlength=win_ts.size)
             counts = np.bincount(inv[ok], minlength=win_ts.size)
@@ -138,7 +153,7 @@ class AlertLifecycle:
             f"{what} back to {'>=' if sign < 0 else '<='} {bound:.3g} within "
             f"{self.s.resolve_windows} windows, else undo and escalate"
         )
-        suggestion = self.advisor.suggest(inc, stage, bottleneck, guardrail)
+        suggestion = self.advisor.suggest(inc, stage, bottleneck, guardrail, level)
         share = len(devices) / n_pool if n_pool else 1.0
         loss = abs(delta_pct) / 100.0 * share
         severity = (

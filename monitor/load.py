@@ -49,6 +49,11 @@ class LoadAdjuster:
             expected[:, col] = exp
         return ratios, expected
 
+    def hold(self, groups: I64, *, hold: bool) -> None:
+        """Stop (or resume) learning for these groups in every column's model."""
+        for model in self.models.values():
+            (model.freeze if hold else model.thaw)(groups)
+
     def snapshot(self) -> dict[int, bytes]:
         """Each column model's bytes."""
         return {c: m.snapshot() for c, m in self.models.items()}

@@ -77,6 +77,16 @@ def make_detector(settings: Settings, n_metrics: int) -> Detector:
     return detect.make_detector(d.kind, n_metrics, d.engine_params())
 
 
+@dataclass(frozen=True, slots=True)
+class NormView:
+    """One partition's frame with its values as the detectors saw them (load-normalised)."""
+
+    partition: int
+    frame: Frame
+    layer_norm: F64
+    device_norm: F64
+
+
 @dataclass
 class PartitionState:
     """Everything that belongs to one input partition: streams and their detectors."""
@@ -135,11 +145,12 @@ class Pipeline:
                 out.dead.append(DeadLetter(msg, exc.reason))
                 self.counters["records_rejected"] += 1
         points: list[ChangePoint] = []
-        frames: list[Frame] = []
+        views: list[NormView] = []
         for part, items in sorted(samples.items()):
             st = self._partition(part)
             frame, rejected = st.table.build([rec for _, rec in items])
-            frames.append(frame)
+            view = NormView(part, frame, frame.layer_values.copy(), frame.device_values.copy())
+            views.append(view)
             for rej in rejected:
                 self.counters[f"records_{rej.kind}"] += 1
                 if rej.kind == "late":
@@ -147,7 +158,7 @@ class Pipeline:
             self.counters["records_in"] += len(items) - len(rejected)
             self.unknown_hw.extend(st.table.newly_unknown)
             st.table.newly_unknown.clear()
-            points.extend(self._detect(st, frame))
+            points.extend(self._detect(st, view))
             if frame.device_ts.size:
                 part_ts = max(self.partition_ts.get(part, 0.0), float(frame.device_ts.max()))
                 self.partition_ts[part] = part_ts
@@ -164,12 +175,35 @@ class Pipeline:
         if open_incidents:
             counts = self.pool_counts()
             out.alerts.extend(self.lifecycle.due(open_incidents, now, counts))
-            for frame in frames:
-                out.alerts.extend(self.lifecycle.observe(open_incidents, frame, counts))
+            out.alerts.extend(self.lifecycle.observe(open_incidents, views, counts))
+            self._hold_load_models(out.alerts)
         self.correlator.drop_resolved(now, keep_s=4 * self.settings.alerts.group_window_s)
         self.advisor.prune(now)
         self.counters["alerts_out"] += len(out.alerts)
         return out
+
+    def _hold_load_models(self, alerts: list[Alert]) -> None:
+        """Freeze the load models of groups with a paged incident; thaw them on resolve.
+
+        Otherwise the expectation slowly learns the regressed level as "normal for this
+        load", the ratio drifts back to 1 and the incident looks fixed when it is not.
+        """
+        for alert in alerts:
+            inc = next((i for i in self.correlator.incidents if i.alert_id == alert.id), None)
+            if inc is None:
+                continue
+            by_part: dict[int, set[int]] = {}
+            for p in inc.primary_points():
+                st = self.partitions.get(p.partition)
+                gid = st.table.groups.get((p.pool, p.model, p.layer or "")) if st else None
+                if gid is not None:
+                    by_part.setdefault(p.partition, set()).add(gid)
+            for part, gids in by_part.items():
+                st = self.partitions[part]
+                arr = np.array(sorted(gids), dtype=np.int64)
+                for adjuster in (st.layer_load, st.device_load):
+                    if adjuster is not None:
+                        adjuster.hold(arr, hold=alert.status == "firing")
 
     def watermark(self) -> float:
         """Event time every active partition has reached (partitions lagging > max_skew ignored).
@@ -190,24 +224,28 @@ class Pipeline:
             c.update((d.pool, d.model) for d in st.table.devices.values())
         return dict(c)
 
-    def _detect(self, st: PartitionState, frame: Frame) -> list[ChangePoint]:
+    def _detect(self, st: PartitionState, view: NormView) -> list[ChangePoint]:
+        """Run the detectors wave by wave; fills `view`'s normalised matrices on the way."""
         found: list[ChangePoint] = []
-        views = (
+        frame = view.frame
+        sides = (
             (True, frame.layer_rows, frame.layer_ts, frame.layer_values, frame.layer_group,
-             frame.layer_load, st.layer_detector, st.layer_load),
+             frame.layer_load, st.layer_detector, st.layer_load, view.layer_norm),
             (False, frame.device_rows, frame.device_ts, frame.device_values, frame.device_group,
-             frame.device_load, st.device_detector, st.device_load),
+             frame.device_load, st.device_detector, st.device_load, view.device_norm),
         )  # fmt: skip
-        for layer, rows, ts, values, groups, load, detector, adjuster in views:
+        for layer, rows, ts, values, groups, load, detector, adjuster, norm in sides:
             for wave in Frame.waves(rows):
                 vals = values[wave]
                 scale = None
                 if adjuster is not None:
                     vals, scale = adjuster.adjust(groups[wave], load[wave], vals)
+                    norm[wave] = vals
                 det = detector.update(rows[wave], ts[wave], vals)
-                if len(det) and scale is not None:
-                    det = _rescale(det, rows[wave], scale)
-                found.extend(self._points(st.table, det, layer=layer))
+                if not len(det):
+                    continue
+                levels = det if scale is None else _rescale(det, rows[wave], scale)
+                found.extend(self._points(st.table, levels, det, view.partition, layer=layer))
         for row, k_ts, _old, _new in frame.kernel_changes:
             name, layer_type = st.table.device_of_layer_row(row)
             dev = st.table.devices[name]
@@ -219,7 +257,11 @@ class Pipeline:
         self.counters["change_points"] += len(found)
         return found
 
-    def _points(self, table: StreamTable, det: Detections, *, layer: bool) -> list[ChangePoint]:
+    def _points(
+        self, table: StreamTable, det: Detections, norm: Detections, partition: int, *,
+        layer: bool,
+    ) -> list[ChangePoint]:  # fmt: skip
+        """Change points with metadata; `det` in metric units, `norm` in the detector's."""
         names = LAYER_METRICS if layer else DEVICE_METRICS
         floor = (_LAYER_MIN_ABS if layer else _DEVICE_MIN_ABS)[det.cols]
         rel = (_LAYER_MIN_REL if layer else _DEVICE_MIN_REL)[det.cols]
@@ -243,7 +285,8 @@ class Pipeline:
                 metric=metric, stage=STAGE_OF[metric], onset_ts=float(det.onset_ts[i]),
                 detected_ts=float(det.detected_ts[i]), before=float(det.before[i]),
                 after=float(det.after[i]), score=float(np.round(det.score[i], 6)),
-                window_s=dev.window_s, row=row,
+                window_s=dev.window_s, row=row, partition=partition,
+                norm_before=float(norm.before[i]), norm_after=float(norm.after[i]),
             ))  # fmt: skip
         return out
 

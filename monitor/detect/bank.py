@@ -266,21 +266,27 @@ class BankCusum:
         if int(rows.min()) < 0:
             raise ValueError("row ids must be >= 0")
         self._grow(int(rows.max()) + 1)
-        lo = int(rows[0])
         fin = np.isfinite(values)
-        contiguous = int(rows[-1]) - lo + 1 == n and (n == 1 or bool(np.all(np.diff(rows) == 1)))
-        if contiguous and bool(fin.all()):
-            # The common dense wave: every stream reported. Slices: views, no gathers.
-            sel: slice | I64 = slice(lo * k, (lo + n) * k)
-            x = values.reshape(-1)
-            t = ts if k == 1 else np.repeat(ts, k)
-        else:
-            sel = (rows[:, None] * k + np.arange(k))[fin]
-            if sel.size == 0:
-                return Detections.empty()
-            x = values[fin]
-            t = np.broadcast_to(ts[:, None], (n, k))[fin]
-        return self._step(sel, x, t)
+        if n == 1 or bool(np.all(np.diff(rows) > 0)):
+            lo, hi = int(rows[0]), int(rows[-1]) + 1
+            span = (hi - lo) * k
+            sel = slice(lo * k, hi * k)
+            if span == n * k and bool(fin.all()):
+                # The dense wave: every stream of a block reported. Views, no gathers.
+                return self._step(sel, values.reshape(-1), ts if k == 1 else np.repeat(ts, k))
+            if int(fin.sum()) * 2 >= span:
+                # Mostly dense (sorted rows, some cells missing): run the whole block as
+                # views and leave the absent cells' state exactly as it was.
+                pos = ((rows - lo)[:, None] * k + np.arange(k)).reshape(-1)
+                x = np.full(span, np.nan)
+                x[pos] = values.reshape(-1)
+                t = np.full(span, np.nan)
+                t[pos] = np.repeat(ts, k)
+                return self._step(sel, x, t, np.flatnonzero(np.isnan(x)))
+        cells = (rows[:, None] * k + np.arange(k))[fin]
+        if cells.size == 0:
+            return Detections.empty()
+        return self._step(cells, values[fin], np.broadcast_to(ts[:, None], (n, k))[fin])
 
     def _buf(self, name: str, size: int, fill: float) -> F32:
         """A constant float32 array: numpy's array-array ufuncs beat array-scalar ones."""
@@ -290,10 +296,17 @@ class BankCusum:
             self._buf32[name] = buf
         return buf[:size]
 
-    def _step(self, sel: slice | I64, x: F64, t: F64) -> Detections:
-        """Ring bookkeeping and burn-in for the cells of one wave; the rest in `_active`."""
+    def _step(self, sel: slice | I64, x: F64, t: F64, absent: I64 | None = None) -> Detections:
+        """Ring bookkeeping and burn-in for one wave's cells; the rest in `_active`.
+
+        `absent` (positions within a slice) are cells not in the wave: they ride along
+        like burning cells and get their state restored afterwards, bit for bit.
+        """
         s, hist = self._s, self.history
         dense = isinstance(sel, slice)
+        saved = None
+        if absent is not None and absent.size and isinstance(sel, slice):
+            saved = self._save(sel.start + absent)
         n_new = _get(s["n"], sel) + 1
         if int(n_new.max()) > _N_MAX:
             np.minimum(n_new, _N_MAX, out=n_new)
@@ -315,15 +328,39 @@ class BankCusum:
             pos += 1
             pos[pos == hist] = 0
             s["pos"][sel] = pos
-        burn = None
+        burn = None if saved is None else absent
         if int(n_new.min()) <= self.burn_in:
             # Cells still burning in ride along with z = 0 and no baseline update, so the
             # wave keeps its fast layout; those completing burn-in get their baseline now.
-            burn = np.flatnonzero(n_new <= self.burn_in)
-            done = burn[n_new[burn] == self.burn_in]
+            burning = n_new <= self.burn_in
+            if burn is not None:
+                burning[burn] = False
+            done = np.flatnonzero(burning & (n_new == self.burn_in))
             if done.size:
                 self._baseline(_cells_of(sel)[done])
-        return self._active(sel, x, t, xl, n_new, burn)
+            burning_at = np.flatnonzero(burning)
+            # Disjoint from the absent cells (masked above), so a plain concatenation.
+            burn = burning_at if burn is None else np.concatenate([burn, burning_at])
+        out = self._active(sel, x, t, xl, n_new, burn)
+        if saved is not None:
+            self._load(saved)
+        return out
+
+    def _save(self, cells: I64) -> dict[str, Any]:
+        """The state a wave touches even for cells riding along (absent cells of a block)."""
+        pos = self._s["pos"][cells].astype(np.int64)
+        return {
+            "cells": cells, "slot": pos, "n": self._s["n"][cells], "pos": pos.astype(np.int32),
+            "ring": self._ring[pos, cells], "tring": self._tring[pos, cells],
+        }  # fmt: skip
+
+    def _load(self, saved: dict[str, Any]) -> None:
+        """Put back what `_save` took."""
+        cells, slot = saved["cells"], saved["slot"]
+        self._s["n"][cells] = saved["n"]
+        self._s["pos"][cells] = saved["pos"]
+        self._ring[slot, cells] = saved["ring"]
+        self._tring[slot, cells] = saved["tring"]
 
     def _active(
         self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
@@ -365,23 +402,25 @@ class BankCusum:
         nb_min = int(nb.min())
         fire = False
         h32 = np.float32(self.h)
+        run_keep = None if burn is None else run[:, burn]
         for j, dj in enumerate(self.shifts):
             half = np.float32(0.5 * dj * dj)
             up, dn = bank[2 * j], bank[2 * j + 1]
-            a = z * np.float32(dj)
-            a -= half  # delta*z - delta²/2: one window's log-likelihood ratio
-            capped = dj * c - half > self.step_cap
-            if capped:
+            dz_j = z * np.float32(dj)
+            a_up = dz_j - half  # delta*z - delta²/2: one window's log-likelihood ratio
+            a_dn = dz_j
+            a_dn += half  # delta*z + delta²/2 = -(the down side's LLR)
+            if dj * c - half > self.step_cap:
                 # Huber's censored likelihood ratio: no window adds more than step_cap,
                 # so a run of heavy-tailed outliers needs more windows to alarm.
-                up += np.minimum(a, self._buf("cap", size, self.step_cap))
-            else:
-                up += a
+                np.minimum(a_up, self._buf("cap", size, self.step_cap), out=a_up)
+                np.maximum(a_dn, self._buf("ncap", size, -self.step_cap), out=a_dn)
+            if burn is not None:
+                a_up[burn] = 0.0  # cells not (yet) detecting keep their statistics
+                a_dn[burn] = 0.0
+            up += a_up
             np.maximum(up, zeros, out=up)
-            a += 2 * half  # delta*z + delta²/2 = -(the down side's LLR)
-            if capped:
-                np.maximum(a, self._buf("ncap", size, -self.step_cap), out=a)
-            dn -= a
+            dn -= a_dn
             np.maximum(dn, zeros, out=dn)
             if nb_min < self._mature_at[j]:
                 ripe = nb >= self._mature_at[j]
@@ -393,6 +432,8 @@ class BankCusum:
                 run[0] *= up > 0
                 run[1] *= dn > 0
             fire = fire or bool(up.max() > h32) or bool(dn.max() > h32)
+        if run_keep is not None:
+            run[:, burn] = run_keep
         if not dense:
             for j in range(bank.shape[0]):
                 self._bank[j][sel] = bank[j]
@@ -474,6 +515,8 @@ class BankCusum:
             est += (1.0 + 3.0 * est) * inv32
             est += np.take(self._ar_pad32, n_ar)
         np.clip(est, 0.0, self.ar_max, out=est)
+        if burn is not None:
+            est[burn] = phi[burn]  # recomputing could differ in the last bit: keep it
         phi[...] = est
         if all_w:
             lprev[...] = rl
