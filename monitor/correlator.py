@@ -69,13 +69,20 @@ class Incident:
     emitted_level: str = ""
     emitted_change: str | None = None
     healthy_windows: int = 0
+    bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
     observed_ts: float = 0.0  # recovery is judged only on windows after this
     last_ts: float = 0.0
 
     @property
     def onset_ts(self) -> float:
-        """Estimated change time: median onset of the primary metric over its devices."""
-        return float(median(p.onset_ts for p in self.primary_points()))
+        """Estimated change time: median onset of the primary metric over its devices.
+
+        Only the first wave of points counts: the same regression showing again at the
+        next burst joins the incident but does not move when it began.
+        """
+        pts = self.primary_points()
+        first = [p.onset_ts for p in pts if p.onset_ts - self.anchor_ts <= self.group_window_s]
+        return float(median(first or [p.onset_ts for p in pts]))
 
     @property
     def devices(self) -> set[str]:
@@ -224,6 +231,17 @@ class Correlator:
     def _match(self, p: ChangePoint) -> Incident | None:
         for inc in self.incidents:
             if inc.status == "open" and self._fits(inc, p):
+                return inc
+        # A paged incident that has not resolved is still going on: the same metric on
+        # the same layer moving again (a burst-only regression at the next burst) is it.
+        for inc in self.incidents:
+            if (
+                inc.status == "open"
+                and inc.alert_id is not None
+                and inc.pool == p.pool
+                and inc.model == p.model
+                and any(q.metric == p.metric and q.layer == p.layer for q in inc.points)
+            ):
                 return inc
         return None
 

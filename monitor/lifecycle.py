@@ -8,6 +8,7 @@ replicas produce the same id for the same incident and never page twice.
 from __future__ import annotations
 
 import hashlib
+import math
 from statistics import median
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from monitor.pipeline import NormView
 
 PoolKey = tuple[str | None, str | None]
+# A healthy window counts towards resolving only at this share of the load seen while broken.
+LOAD_EVIDENCE = 0.8
 RUNBOOK = "docs/runbook.md#"
 _METRIC_WORDS = {"mfu": "MFU", "device_mfu": "device MFU", "stall_frac": "memory-stall fraction"}
 
@@ -90,46 +93,29 @@ class AlertLifecycle:
         for inc in incidents:
             if inc.status != "open" or inc.alert_id is None:
                 continue
-            metric = inc.primary_metric
             pts = inc.primary_points()
-            on_layer = metric in LAYER_METRICS
-            col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
-            ts_parts, v_parts = [], []
-            for view in views:
-                f = view.frame
-                rows, ts, vals = (
-                    (f.layer_rows, f.layer_ts, view.layer_norm)
-                    if on_layer
-                    else (f.device_rows, f.device_ts, view.device_norm)
-                )
-                mine = np.array([p.row for p in pts if p.partition == view.partition])
-                mask = np.isin(rows, mine)
-                ts_parts.append(ts[mask])
-                v_parts.append(vals[mask, col])
-            all_ts = np.concatenate(ts_parts) if ts_parts else np.empty(0)
-            if not all_ts.size:
-                continue
             before = median(p.norm_before for p in pts)
-            sign = BAD_DIRECTION.get(metric, -1)
-            win_ts, inv = np.unique(all_ts, return_inverse=True)
-            v = np.concatenate(v_parts)
-            ok = np.isfinite(v)
-            sums = np.bincount(inv[ok], weights=v[ok], minlength=win_ts.size)
-            counts = np.bincount(inv[ok], minlength=win_ts.size)
-            for t, s_, c in zip(win_ts, sums, counts, strict=True):
+            sign = BAD_DIRECTION.get(inc.primary_metric, -1)
+            for t, level, batch in _window_levels(inc, views):
                 # A batch can reach back before the detection: judge only later windows.
-                if c == 0 or t <= max(inc.observed_ts, inc.detected_ts):
+                if t <= max(inc.observed_ts, inc.detected_ts):
                     continue
-                inc.observed_ts = float(t)
-                level = s_ / c
-                healthy = (level - before) * sign <= self.s.resolve_tolerance * abs(before)
-                inc.healthy_windows = inc.healthy_windows + 1 if healthy else 0
+                inc.observed_ts = t
+                if (level - before) * sign > self.s.resolve_tolerance * abs(before):
+                    if math.isfinite(batch):
+                        inc.bad_loads = [*inc.bad_loads[-63:], batch]
+                    inc.healthy_windows = 0
+                    continue
+                # A regression that shows only under burst load looks healthy between
+                # bursts: a calm window says nothing about the fix, so it does not count.
+                if inc.bad_loads and batch < LOAD_EVIDENCE * median(inc.bad_loads):
+                    continue
+                inc.healthy_windows += 1
                 if inc.healthy_windows >= self.s.resolve_windows:
                     inc.status = "resolved"
-                    inc.last_ts = float(t)
-                    out.append(
-                        self.render(inc, float(t), n_pool.get((inc.pool, inc.model), 0), "resolved")
-                    )
+                    inc.last_ts = t
+                    n = n_pool.get((inc.pool, inc.model), 0)
+                    out.append(self.render(inc, t, n, "resolved"))
                     break
         return out
 
@@ -217,3 +203,39 @@ def _evidence(inc: Incident) -> list[Evidence]:
     ]
     out.sort(key=lambda e: (e.onset_ts, STAGES.index(e.stage), e.indicator, e.layer or ""))
     return out
+
+
+def _window_levels(inc: Incident, views: list[NormView]) -> list[tuple[float, float, float]]:
+    """(window ts, mean normalised primary metric, mean batch) over the incident's streams."""
+    metric = inc.primary_metric
+    on_layer = metric in LAYER_METRICS
+    col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
+    pts = inc.primary_points()
+    ts_parts, v_parts, b_parts = [], [], []
+    for view in views:
+        f = view.frame
+        rows, ts, vals, load = (
+            (f.layer_rows, f.layer_ts, view.layer_norm, f.layer_load)
+            if on_layer
+            else (f.device_rows, f.device_ts, view.device_norm, f.device_load)
+        )
+        mask = np.isin(rows, np.array([p.row for p in pts if p.partition == view.partition]))
+        ts_parts.append(ts[mask])
+        v_parts.append(vals[mask, col])
+        b_parts.append(load[mask, 0])
+    if not ts_parts:
+        return []
+    win_ts, inv = np.unique(np.concatenate(ts_parts), return_inverse=True)
+    out = []
+    for values in (np.concatenate(v_parts), np.concatenate(b_parts)):
+        ok = np.isfinite(values)
+        sums = np.bincount(inv[ok], weights=values[ok], minlength=win_ts.size)
+        counts = np.bincount(inv[ok], minlength=win_ts.size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out.append(sums / counts)
+    level, batch = out
+    return [
+        (float(t), float(v), float(b))
+        for t, v, b in zip(win_ts, level, batch, strict=True)
+        if math.isfinite(v)
+    ]

@@ -2,7 +2,7 @@
 
 MFU, stall fraction, latency and queueing move with batch size and request
 rate. For each load-sensitive column, one `LoadModel` per (pool, model, layer)
-group learns the expectation from log(1 + batch) and log(1 + req_rate); the
+group learns the expectation from log(1 + batch), log(1 + req_rate) and 1 / batch; the
 detector sees the ratio, about 1.0 at any load. A regression that shows only
 under burst load still moves the ratio during bursts, so it is still caught.
 Columns that are not load-driven (clock, temperature, kernel fallback, quality)
@@ -30,12 +30,15 @@ class LoadAdjuster:
     def __init__(self, columns: tuple[str, ...], forget: float = 0.99) -> None:
         self.columns = columns
         self.models = {
-            i: LoadModel(2, forget=forget) for i, m in enumerate(columns) if m in LOAD_SENSITIVE
+            i: LoadModel(3, forget=forget) for i, m in enumerate(columns) if m in LOAD_SENSITIVE
         }
 
     def adjust(self, groups: I64, load: F64, values: F64) -> tuple[F64, F64]:
         """(ratios, expected): NaN ratio while a group's model warms up or expects <= 0."""
-        feats = np.log1p(np.nan_to_num(load, nan=0.0))
+        known = np.nan_to_num(load, nan=0.0)
+        # log terms for throughput scaling, 1/batch for fixed per-step overheads that
+        # amortise away as batches grow (MFU flattens out at large batch).
+        feats = np.column_stack([np.log1p(known), 1.0 / np.maximum(known[:, 0], 1.0)])
         ratios = values.copy()
         expected = np.ones_like(values)
         for col, model in self.models.items():
