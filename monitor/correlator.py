@@ -70,6 +70,7 @@ class Incident:
     emitted_change: str | None = None
     healthy_windows: int = 0
     bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
+    recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back
     observed_ts: float = 0.0  # recovery is judged only on windows after this
     last_ts: float = 0.0
 
@@ -211,6 +212,7 @@ class Correlator:
             touched[id(inc)] = inc
         for e in other:
             if not e.is_regression:
+                self._note_recovery(e)
                 continue
             homes = [i for i in self.incidents if i.status == "open" and self._fits(i, e)]
             for inc in homes:
@@ -220,6 +222,14 @@ class Correlator:
         horizon = now_ts - 2 * self.group_window_s
         self._recent = [e for e in self._recent if e.detected_ts >= horizon]
         return list(touched.values())
+
+    def _note_recovery(self, p: ChangePoint) -> None:
+        """A primary metric stepping back up on a paged incident's device: a fix showing."""
+        for inc in self.incidents:
+            if inc.status != "open" or inc.alert_id is None or p.metric != inc.primary_metric:
+                continue
+            if any(q.device == p.device and q.layer == p.layer for q in inc.primary_points()):
+                inc.recovered.add(p.device)
 
     def _fits(self, inc: Incident, p: ChangePoint) -> bool:
         return (

@@ -96,6 +96,9 @@ class AlertLifecycle:
             pts = inc.primary_points()
             before = median(p.norm_before for p in pts)
             sign = BAD_DIRECTION.get(inc.primary_metric, -1)
+            # Recovery needs a step back on most devices, not a slow drift of the
+            # expectation: a frozen load model extrapolating a new load range is no fix.
+            stepped = len(inc.recovered) * 2 >= len({p.device for p in pts})
             for t, level, batch in _window_levels(inc, views):
                 # A batch can reach back before the detection: judge only later windows.
                 if t <= max(inc.observed_ts, inc.detected_ts):
@@ -111,7 +114,7 @@ class AlertLifecycle:
                 if inc.bad_loads and batch < LOAD_EVIDENCE * median(inc.bad_loads):
                     continue
                 inc.healthy_windows += 1
-                if inc.healthy_windows >= self.s.resolve_windows:
+                if stepped and inc.healthy_windows >= self.s.resolve_windows:
                     inc.status = "resolved"
                     inc.last_ts = t
                     n = n_pool.get((inc.pool, inc.model), 0)
