@@ -10,6 +10,7 @@ widens from device to host to pool as more of the pool's devices join.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -20,6 +21,9 @@ from monitor.wire import STAGES, Stage
 # the incident's devices an indicator must move to count as its evidence.
 LEAD_WINDOWS = 6
 SUPPORT_SHARE = 0.25
+# A multi-device incident confirms on this share of its pool, or on hosts most of whose
+# devices moved.
+CLUSTER_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,26 +151,42 @@ class Incident:
         return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
 
     def confirmed_at(
-        self, pool_devices: int, min_devices: int, min_fraction: float
+        self,
+        pool_devices: int,
+        min_devices: int,
+        min_fraction: float,
+        host_sizes: Mapping[str | None, int] | None = None,
     ) -> float | None:
         """When it became corroborated enough to page (event time), or None if not yet.
 
         Enough devices moved, or a second mechanism moved on the same device at the
         same time: one noisy device is the commonest false page in a fleet, while a
         real single-device fault (thermal, a bad link) shows a second indicator.
+        "Enough devices" also means a real share of the pool, or most of the devices of
+        some hosts (a bad host, a partial rollout): a handful scattered over the pool,
+        or a third of one host, is what correlated noise looks like.
         """
+        sizes = host_sizes or {}
         points = self.primary_points()
-        first_seen: dict[str, float] = {}
+        first_seen: dict[str, tuple[float, str | None]] = {}
         for p in sorted(points, key=lambda q: q.detected_ts):
-            first_seen.setdefault(p.device, p.detected_ts)
+            first_seen.setdefault(p.device, (p.detected_ts, p.host))
         need = max(min_devices, math.ceil(min_fraction * pool_devices))
-        times = sorted(first_seen.values())
-        by_devices = times[need - 1] if len(times) >= need else math.inf
+        by_devices = math.inf
+        per_host: dict[str | None, int] = {}
+        for n, (t, host) in enumerate(sorted(first_seen.values(), key=lambda x: x[0]), 1):
+            per_host[host] = per_host.get(host, 0) + 1
+            clustered = sum(
+                k for h, k in per_host.items() if h is not None and 2 * k >= sizes.get(h, 1 << 30)
+            )
+            if n >= need and (n >= CLUSTER_SHARE * pool_devices or clustered >= need):
+                by_devices = t
+                break
         near = 2 * self.window_s
         onsets = {p.device: p.onset_ts for p in points}
         by_mechanism = min(
             (
-                max(e.detected_ts, first_seen[e.device])
+                max(e.detected_ts, first_seen[e.device][0])
                 for e in self.evidence
                 if e.metric in CORROBORATING
                 and e.device in onsets

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from statistics import median
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,11 @@ class AlertLifecycle:
         self.advisor = advisor
 
     def due(
-        self, incidents: list[Incident], now_ts: float, pool_devices: dict[PoolKey, int]
+        self,
+        incidents: list[Incident],
+        now_ts: float,
+        pool_devices: dict[PoolKey, int],
+        host_sizes: Mapping[str | None, int] | None = None,
     ) -> list[Alert]:
         """Alerts to send now: first pages after settling, and growth updates."""
         out: list[Alert] = []
@@ -58,7 +63,7 @@ class AlertLifecycle:
             if first:
                 if now_ts - inc.detected_ts < self.s.settle_windows * inc.window_s:
                     continue
-                sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction)
+                sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
                 if sure is None:
                     continue
                 inc.detected_ts = sure

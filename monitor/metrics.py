@@ -43,9 +43,11 @@ PRIMARY_ORDER: tuple[str, ...] = (
 )  # fmt: skip
 PRIMARY_METRICS = frozenset(PRIMARY_ORDER)
 # Evidence that independently corroborates a change on the same device: a second
-# mechanism, not a second view of the same noisy timing (mfu and stall move together).
+# mechanism, not a second view of the same noisy timing (mfu and stall move together),
+# and not load itself (temperature and power rise with every burst; a throttle shows
+# as the clock stepping down).
 CORROBORATING = frozenset({
-    "clock_mhz", "temp_c", "power_w", "sync_frac", "fallback_frac", "kernel",
+    "clock_mhz", "sync_frac", "fallback_frac", "kernel",
     "sram_hit", "spill_frac", "queue_wait_ms", "queue_depth", "quality",
 })  # fmt: skip
 # Direction that counts as a regression (+1 up is bad, -1 down is bad).

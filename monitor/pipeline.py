@@ -174,7 +174,7 @@ class Pipeline:
         open_incidents = [i for i in self.correlator.incidents if i.status == "open"]
         if open_incidents:
             counts = self.pool_counts()
-            out.alerts.extend(self.lifecycle.due(open_incidents, now, counts))
+            out.alerts.extend(self.lifecycle.due(open_incidents, now, counts, self.host_sizes()))
             out.alerts.extend(self.lifecycle.observe(open_incidents, views, counts))
             self._hold_load_models(out.alerts)
         self.correlator.drop_resolved(now, keep_s=4 * self.settings.alerts.group_window_s)
@@ -216,6 +216,13 @@ class Pipeline:
         high = max(self.partition_ts.values())
         skew = self.settings.alerts.max_skew_s
         return min(t for t in self.partition_ts.values() if t >= high - skew)
+
+    def host_sizes(self) -> dict[str | None, int]:
+        """Known devices per host over all partitions."""
+        c: Counter[str | None] = Counter()
+        for st in self.partitions.values():
+            c.update(d.host for d in st.table.devices.values())
+        return dict(c)
 
     def pool_counts(self) -> dict[tuple[str | None, str | None], int]:
         """Known devices per (pool, model) over all partitions."""
