@@ -215,13 +215,19 @@ class Correlator:
         self.incidents: list[Incident] = []
         self._recent: list[ChangePoint] = []  # non-primary evidence waiting for an incident
 
-    def add(self, points: list[ChangePoint], now_ts: float) -> list[Incident]:
+    def add(
+        self,
+        points: list[ChangePoint],
+        now_ts: float,
+        pool_sizes: Mapping[tuple[str | None, str | None], int] | None = None,
+    ) -> list[Incident]:
         """Fold new change points in; return the incidents that changed."""
+        sizes = pool_sizes or {}
         touched: dict[int, Incident] = {}
         primary = [p for p in points if p.metric in PRIMARY_METRICS and p.is_regression]
         other = [p for p in points if not (p.metric in PRIMARY_METRICS and p.is_regression)]
         for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):
-            inc = self._match(p)
+            inc = self._match(p, sizes.get((p.pool, p.model), 0))
             if inc is None:
                 inc = Incident(
                     p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s, self.group_window_s
@@ -258,20 +264,24 @@ class Correlator:
             and abs(p.onset_ts - inc.anchor_ts) <= self.group_window_s
         )
 
-    def _match(self, p: ChangePoint) -> Incident | None:
+    def _match(self, p: ChangePoint, pool_size: int) -> Incident | None:
+        # A paged incident that has not resolved is still going on: its metric on the
+        # same layer moving again (a burst-only regression at the next burst) is that
+        # incident, however long after its onset, on one of its devices or, for a
+        # pool-wide incident, anywhere in the pool.
+        for inc in self.incidents:
+            if inc.status != "open" or inc.alert_id is None:
+                continue
+            if inc.pool != p.pool or inc.model != p.model:
+                continue
+            same = [q for q in inc.points if q.metric == p.metric and q.layer == p.layer]
+            if not same:
+                continue
+            pool_wide = pool_size > 0 and 2 * len(inc.devices) >= pool_size
+            if pool_wide or any(q.device == p.device for q in same):
+                return inc
         for inc in self.incidents:
             if inc.status == "open" and self._fits(inc, p):
-                return inc
-        # A paged incident that has not resolved is still going on: the same metric on
-        # the same layer moving again (a burst-only regression at the next burst) is it.
-        for inc in self.incidents:
-            if (
-                inc.status == "open"
-                and inc.alert_id is not None
-                and inc.pool == p.pool
-                and inc.model == p.model
-                and any(q.metric == p.metric and q.layer == p.layer for q in inc.points)
-            ):
                 return inc
         return None
 

@@ -170,7 +170,7 @@ class Pipeline:
         if not samples:
             return out
         now = self.watermark()
-        self.correlator.add(points, now)
+        self.correlator.add(points, now, self.pool_counts() if points else None)
         open_incidents = [i for i in self.correlator.incidents if i.status == "open"]
         if open_incidents:
             counts = self.pool_counts()
