@@ -198,13 +198,18 @@ class Incident:
         return None if when == math.inf else when
 
     def scope_level(self, pool_devices: int, pool_fraction: float) -> str:
-        """device, host or pool, from how many of the pool's devices moved."""
+        """device, host or pool, from how many of the pool's devices moved.
+
+        `pool` once `pool_fraction` of the pool moved; `host` when the devices share
+        one host; otherwise `device` (one device, or a few scattered ones: naming the
+        devices is the honest scope).
+        """
         n = len(self.devices)
         if pool_devices > 0 and n >= max(2, pool_fraction * pool_devices):
             return "pool"
-        if n == 1:
-            return "device"
-        return "host" if len(self.hosts) <= 1 else "pool"
+        if n > 1 and len(self.hosts) == 1:
+            return "host"
+        return "device"
 
 
 class Correlator:

@@ -157,7 +157,9 @@ class AlertLifecycle:
         where = {
             "pool": f"pool {inc.pool} ({len(devices)} devices)",
             "host": f"host {devices and sorted(inc.hosts)[0]} ({len(devices)} devices)",
-            "device": f"device {devices[0]}",
+            "device": f"device {devices[0]}"
+            if len(devices) == 1
+            else f"{len(devices)} devices of pool {inc.pool}",
         }[level]
         cause = (
             f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
