@@ -115,10 +115,29 @@ class Incident:
         m = self.primary_metric
         return [p for p in self.points if p.metric == m]
 
+    def _layer_devices(self) -> dict[str | None, set[str]]:
+        by_layer: dict[str | None, set[str]] = {}
+        for p in self.primary_points():
+            by_layer.setdefault(p.layer, set()).add(p.device)
+        return by_layer
+
+    def headline_points(self) -> list[ChangePoint]:
+        """Primary-metric points on the layer most devices moved on: levels are quoted
+        per layer (mixing attention's and norm's MFU in one median means nothing)."""
+        by_layer = self._layer_devices()
+        top = max(by_layer, key=lambda k: (len(by_layer[k]), k or ""))
+        return [p for p in self.primary_points() if p.layer == top]
+
     @property
     def layers(self) -> list[str]:
-        """Layer types whose primary metric regressed, sorted."""
-        return sorted({p.layer for p in self.primary_points() if p.layer})
+        """Layer types whose primary metric regressed on at least half as many devices as
+        the headline layer, headline first."""
+        by_layer = self._layer_devices()
+        top = max(by_layer, key=lambda k: (len(by_layer[k]), k or ""))
+        rest = sorted(
+            k for k, d in by_layer.items() if k and k != top and 2 * len(d) >= len(by_layer[top])
+        )
+        return [top, *rest] if top else rest
 
     def supporting(self) -> dict[tuple[Stage, str, str | None], list[ChangePoint]]:
         """The indicators that moved with this incident, grouped by (stage, metric, layer).

@@ -99,7 +99,7 @@ class AlertLifecycle:
             if inc.status != "open" or inc.alert_id is None:
                 continue
             pts = inc.primary_points()
-            before = median(p.norm_before for p in pts)
+            before = median(p.norm_before for p in inc.headline_points())
             sign = BAD_DIRECTION.get(inc.primary_metric, -1)
             # Recovery needs a step back on most devices, not a slow drift of the
             # expectation: a frozen load model extrapolating a new load range is no fix.
@@ -130,7 +130,7 @@ class AlertLifecycle:
     def render(self, inc: Incident, now_ts: float, n_pool: int, status: str) -> Alert:
         """The alert record for an incident as it stands now."""
         metric = inc.primary_metric
-        pts = inc.primary_points()
+        pts = inc.headline_points()
         before = float(median(p.before for p in pts))
         after = float(median(p.after for p in pts))
         delta_pct = 100.0 * (after - before) / before if before else 0.0
@@ -140,7 +140,7 @@ class AlertLifecycle:
         level = inc.scope_level(n_pool, self.s.pool_fraction)
         devices = sorted(inc.devices)
         layers = inc.layers
-        what = f"{'/'.join(layers) + ' ' if layers else ''}{_METRIC_WORDS.get(metric, metric)}"
+        what = f"{layers[0] + ' ' if layers else ''}{_METRIC_WORDS.get(metric, metric)}"
         sign = BAD_DIRECTION.get(metric, -1)
         bound = before * (1 - self.s.resolve_tolerance * (1 if sign < 0 else -1))
         guardrail = (
@@ -220,7 +220,7 @@ def _window_levels(inc: Incident, views: list[NormView]) -> list[tuple[float, fl
     metric = inc.primary_metric
     on_layer = metric in LAYER_METRICS
     col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
-    pts = inc.primary_points()
+    pts = inc.headline_points()
     ts_parts, v_parts, b_parts = [], [], []
     for view in views:
         f = view.frame
