@@ -9,6 +9,7 @@ checkpointed and handed over per partition.
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -204,6 +205,55 @@ class Pipeline:
                 for adjuster in (st.layer_load, st.device_load):
                     if adjuster is not None:
                         adjuster.hold(arr, hold=alert.status == "firing")
+
+    # -- checkpoints --------------------------------------------------------------------
+    def snapshot_partition(self, partition: int) -> bytes:
+        """One input partition's state (streams, detectors, load models) as bytes.
+
+        Restoring it and then feeding the records after the last one processed gives
+        the same detections as never having stopped (resume *after* the last offset).
+        """
+        st = self._partition(partition)
+        return pickle.dumps(
+            {
+                "table": st.table.snapshot(),
+                "layer": st.layer_detector.snapshot(),
+                "device": st.device_detector.snapshot(),
+                "layer_load": st.layer_load.snapshot() if st.layer_load else None,
+                "device_load": st.device_load.snapshot() if st.device_load else None,
+                "expired_at": st.expired_at,
+                "partition_ts": self.partition_ts.get(partition),
+            },
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+
+    def restore_partition(self, partition: int, blob: bytes) -> None:
+        """Take over a partition from its checkpoint (trusted: our own state topic)."""
+        state = pickle.loads(blob)  # noqa: S301 - written by this process family only
+        st = self._partition(partition)
+        st.table = StreamTable.restore(state["table"], self.catalog)
+        st.layer_detector = detect.restore_detector(state["layer"])
+        st.device_detector = detect.restore_detector(state["device"])
+        for adjuster, key in ((st.layer_load, "layer_load"), (st.device_load, "device_load")):
+            if adjuster is not None and state[key] is not None:
+                adjuster.restore(state[key])
+        st.expired_at = state["expired_at"]
+        if state["partition_ts"] is not None:
+            self.partition_ts[partition] = state["partition_ts"]
+
+    def snapshot_incidents(self) -> bytes:
+        """Incidents, recent evidence and known change events (the cross-partition state)."""
+        return pickle.dumps(
+            {"correlator": self.correlator, "advisor": self.advisor},
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+
+    def restore_incidents(self, blob: bytes) -> None:
+        """Restore what `snapshot_incidents` saved."""
+        state = pickle.loads(blob)  # noqa: S301 - written by this process family only
+        self.correlator = state["correlator"]
+        self.advisor = state["advisor"]
+        self.lifecycle.advisor = self.advisor
 
     def watermark(self) -> float:
         """Event time every active partition has reached (partitions lagging > max_skew ignored).

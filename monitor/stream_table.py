@@ -329,9 +329,11 @@ class StreamTable:
     # -- checkpoint ----------------------------------------------------------------------
     def snapshot(self) -> bytes:
         """Registry state as bytes (restored by `restore`)."""
-        state = {k: getattr(self, k) for k in (
+        fields = (
             "ttl_s", "devices", "device_names", "layer_index", "layer_keys", "last_kernel",
-            "free_device_rows", "free_layer_rows", "unknown_hw")}  # fmt: skip
+            "free_device_rows", "free_layer_rows", "unknown_hw", "groups", "group_keys",
+        )  # fmt: skip
+        state = {k: getattr(self, k) for k in fields}
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
