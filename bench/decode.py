@@ -15,17 +15,19 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The repo root first: tests/monitor must not shadow the monitor package.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]
 
-from factories import T0, msg, window
+from factories import T0, msg, window  # noqa: E402
 
-from monitor.app import Runner
-from monitor.config import KafkaSettings, Settings, Topics
-from monitor.embedded import EmbeddedBroker, ensure_topics
-from monitor.pipeline import Output, Pipeline
-from monitor.sources.base import RawMessage
-from monitor.sources.kafka import KafkaSource
-from monitor.wire import Codec
+from monitor.app import Runner  # noqa: E402
+from monitor.config import KafkaSettings, Settings, Topics  # noqa: E402
+from monitor.embedded import EmbeddedBroker, ensure_topics  # noqa: E402
+from monitor.pipeline import Output, Pipeline  # noqa: E402
+from monitor.sources.base import RawMessage  # noqa: E402
+from monitor.sources.kafka import KafkaSource  # noqa: E402
+from monitor.wire import Codec  # noqa: E402
 
 LAYERS = ("attention", "mlp", "embedding", "norm", "softmax", "allreduce")
 
