@@ -115,18 +115,22 @@ def _group_index(groups: npt.NDArray[np.int64], ts: F64) -> tuple[
     """Unique (group, ts) pairs, and each row's index into them."""
     if groups.size == 0:
         return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=np.int64)
-    keys = np.stack([groups.astype(np.float64), ts], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    return uniq[:, 0].astype(np.int64), uniq[:, 1], inv.reshape(-1)
+    # One int64 key per (group, window): 1-D unique is far cheaper than unique(axis=0).
+    win, t_idx = np.unique(ts, return_inverse=True)
+    key = groups.astype(np.int64) * win.size + t_idx.reshape(-1)
+    ukey, inv = np.unique(key, return_inverse=True)
+    return ukey // win.size, win[ukey % win.size], inv.reshape(-1)
 
 
 def _nansum_by(inv: npt.NDArray[np.int64], n: int, values: F64) -> tuple[F64, F64]:
     """Per-group sums ignoring NaN, and how many finite values each had (per column)."""
     ok = np.isfinite(values)
-    sums = np.zeros((n, values.shape[1]))
-    counts = np.zeros((n, values.shape[1]))
-    np.add.at(sums, inv, np.where(ok, values, 0.0))
-    np.add.at(counts, inv, ok)
+    clean = np.where(ok, values, 0.0)
+    sums = np.empty((n, values.shape[1]))
+    counts = np.empty((n, values.shape[1]))
+    for c in range(values.shape[1]):  # a few columns; bincount beats ufunc.at by ~10x
+        sums[:, c] = np.bincount(inv, weights=clean[:, c], minlength=n)
+        counts[:, c] = np.bincount(inv, weights=ok[:, c], minlength=n)
     return sums, counts
 
 
