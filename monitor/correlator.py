@@ -20,6 +20,8 @@ from monitor.wire import STAGES, Stage
 # How far before an incident's onset a cause may show (windows), and on what share of
 # the incident's devices an indicator must move to count as its evidence.
 LEAD_WINDOWS = 6
+# Device field of change points found on (pool, model, layer) aggregates, not on a device.
+AGGREGATE = "pool:"
 SUPPORT_SHARE = 0.25
 # A multi-device incident confirms on this share of its pool, or on hosts most of whose
 # devices moved.
@@ -47,6 +49,11 @@ class ChangePoint:
     partition: int = 0
     norm_before: float = math.nan  # levels as the detector saw them (load-normalised)
     norm_after: float = math.nan
+
+    @property
+    def is_aggregate(self) -> bool:
+        """Found on a pool aggregate rather than on one device."""
+        return self.device.startswith(AGGREGATE)
 
     @property
     def is_regression(self) -> bool:
@@ -213,7 +220,25 @@ class Incident:
             ),
             default=math.inf,
         )
-        when = min(by_devices, by_mechanism)
+        # Enough devices, and the pool aggregate of the same metric moved with them: the
+        # pool shifted, even if the devices are too few or too scattered to say so alone.
+        metric = self.primary_metric
+        layers: set[str | None] = set(self.layers) or {None}
+        first = min(t for t, _ in first_seen.values())
+        by_aggregate = min(
+            (
+                max(e.detected_ts, first)
+                for e in self.evidence
+                if e.is_aggregate
+                and e.metric == metric
+                and e.layer in layers
+                and abs(e.onset_ts - self.onset_ts) <= near
+            ),
+            default=math.inf,
+        )
+        if len(first_seen) < need:
+            by_aggregate = math.inf
+        when = min(by_devices, by_mechanism, by_aggregate)
         return None if when == math.inf else when
 
     def scope_level(self, pool_devices: int, pool_fraction: float) -> str:
@@ -248,8 +273,12 @@ class Correlator:
         """Fold new change points in; return the incidents that changed."""
         sizes = pool_sizes or {}
         touched: dict[int, Incident] = {}
-        primary = [p for p in points if p.metric in PRIMARY_METRICS and p.is_regression]
-        other = [p for p in points if not (p.metric in PRIMARY_METRICS and p.is_regression)]
+
+        def opens(p: ChangePoint) -> bool:
+            return p.metric in PRIMARY_METRICS and p.is_regression and not p.is_aggregate
+
+        primary = [p for p in points if opens(p)]
+        other = [p for p in points if not opens(p)]
         for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):
             inc = self._match(p, sizes.get((p.pool, p.model), 0))
             if inc is None:

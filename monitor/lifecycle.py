@@ -17,9 +17,9 @@ import numpy as np
 
 from monitor.advisor import Advisor
 from monitor.config import AlertSettings
-from monitor.correlator import Incident, bottleneck_class
+from monitor.correlator import ChangePoint, Incident, bottleneck_class
 from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS
-from monitor.wire import STAGES, Alert, AlertScope, Evidence
+from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
 
 if TYPE_CHECKING:
     from monitor.pipeline import NormView
@@ -210,6 +210,23 @@ def _evidence(inc: Incident) -> list[Evidence]:
             score=round(float(max(p.score for p in ps)), 3),
         )
         for (stage, metric, layer), ps in groups.items()
+    ]
+    onset = inc.onset_ts
+    pooled: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
+    for p in inc.evidence:
+        if p.is_aggregate and abs(p.onset_ts - onset) <= 2 * inc.window_s:
+            pooled.setdefault((p.stage, p.metric, p.layer), []).append(p)
+    out += [
+        Evidence(
+            stage=stage,
+            indicator=f"pool_{metric}",
+            layer=layer,
+            before=round(float(median(p.before for p in ps)), 6),
+            after=round(float(median(p.after for p in ps)), 6),
+            onset_ts=float(median(p.onset_ts for p in ps)),
+            score=round(float(max(p.score for p in ps)), 3),
+        )
+        for (stage, metric, layer), ps in pooled.items()
     ]
     out.sort(key=lambda e: (e.onset_ts, STAGES.index(e.stage), e.indicator, e.layer or ""))
     return out

@@ -18,7 +18,7 @@ import numpy as np
 from monitor import detect
 from monitor.advisor import Advisor
 from monitor.config import Settings
-from monitor.correlator import ChangePoint, Correlator
+from monitor.correlator import AGGREGATE, ChangePoint, Correlator
 from monitor.detect.base import F64, I64, Detections, Detector
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.lifecycle import AlertLifecycle
@@ -97,6 +97,12 @@ class PartitionState:
     device_detector: Detector
     layer_load: LoadAdjuster | None = None
     device_load: LoadAdjuster | None = None
+    # Per (pool, model, layer) aggregates of this partition's devices: a pool-wide shift
+    # too small for any one device's detector is one clear signal here.
+    pool_layer_detector: Detector | None = None
+    pool_device_detector: Detector | None = None
+    pool_layer_load: LoadAdjuster | None = None
+    pool_device_load: LoadAdjuster | None = None
     expired_at: float = 0.0
 
 
@@ -121,6 +127,10 @@ class Pipeline:
             d = self.settings.detector
             st = PartitionState(
                 StreamTable(self.catalog, ttl_s=d.stream_ttl_s),
+                make_detector(self.settings, len(LAYER_METRICS)),
+                make_detector(self.settings, len(DEVICE_METRICS)),
+                LoadAdjuster(LAYER_METRICS, d.load_forget) if d.load_aware else None,
+                LoadAdjuster(DEVICE_METRICS, d.load_forget) if d.load_aware else None,
                 make_detector(self.settings, len(LAYER_METRICS)),
                 make_detector(self.settings, len(DEVICE_METRICS)),
                 LoadAdjuster(LAYER_METRICS, d.load_forget) if d.load_aware else None,
@@ -219,8 +229,12 @@ class Pipeline:
                 "table": st.table.snapshot(),
                 "layer": st.layer_detector.snapshot(),
                 "device": st.device_detector.snapshot(),
-                "layer_load": st.layer_load.snapshot() if st.layer_load else None,
-                "device_load": st.device_load.snapshot() if st.device_load else None,
+                "pool_layer": _snap(st.pool_layer_detector),
+                "pool_device": _snap(st.pool_device_detector),
+                **{
+                    key: adjuster.snapshot() if adjuster else None
+                    for key, adjuster in _adjusters(st).items()
+                },
                 "expired_at": st.expired_at,
                 "partition_ts": self.partition_ts.get(partition),
             },
@@ -234,7 +248,9 @@ class Pipeline:
         st.table = StreamTable.restore(state["table"], self.catalog)
         st.layer_detector = detect.restore_detector(state["layer"])
         st.device_detector = detect.restore_detector(state["device"])
-        for adjuster, key in ((st.layer_load, "layer_load"), (st.device_load, "device_load")):
+        st.pool_layer_detector = _unsnap(state["pool_layer"])
+        st.pool_device_detector = _unsnap(state["pool_device"])
+        for key, adjuster in _adjusters(st).items():
             if adjuster is not None and state[key] is not None:
                 adjuster.restore(state[key])
         st.expired_at = state["expired_at"]
@@ -285,24 +301,37 @@ class Pipeline:
         """Run the detectors wave by wave; fills `view`'s normalised matrices on the way."""
         found: list[ChangePoint] = []
         frame = view.frame
-        sides = (
-            (True, frame.layer_rows, frame.layer_ts, frame.layer_values, frame.layer_group,
+        sides: list[
+            tuple[str, I64, F64, F64, I64, F64, Detector, LoadAdjuster | None, F64 | None]
+        ] = [
+            ("layer", frame.layer_rows, frame.layer_ts, frame.layer_values, frame.layer_group,
              frame.layer_load, st.layer_detector, st.layer_load, view.layer_norm),
-            (False, frame.device_rows, frame.device_ts, frame.device_values, frame.device_group,
-             frame.device_load, st.device_detector, st.device_load, view.device_norm),
-        )  # fmt: skip
-        for layer, rows, ts, values, groups, load, detector, adjuster, norm in sides:
+            ("device", frame.device_rows, frame.device_ts, frame.device_values,
+             frame.device_group, frame.device_load, st.device_detector, st.device_load,
+             view.device_norm),
+        ]  # fmt: skip
+        if st.pool_layer_detector is not None and st.pool_device_detector is not None:
+            sides += [
+                ("pool_layer", frame.pool_layer_rows, frame.pool_layer_ts,
+                 frame.pool_layer_values, frame.pool_layer_rows, frame.pool_layer_load,
+                 st.pool_layer_detector, st.pool_layer_load, None),
+                ("pool_device", frame.pool_device_rows, frame.pool_device_ts,
+                 frame.pool_device_values, frame.pool_device_rows, frame.pool_device_load,
+                 st.pool_device_detector, st.pool_device_load, None),
+            ]  # fmt: skip
+        for kind, rows, ts, values, groups, load, detector, adjuster, norm in sides:
             for wave in Frame.waves(rows):
                 vals = values[wave]
                 scale = None
                 if adjuster is not None:
                     vals, scale = adjuster.adjust(groups[wave], load[wave], vals)
-                    norm[wave] = vals
+                    if norm is not None:
+                        norm[wave] = vals
                 det = detector.update(rows[wave], ts[wave], vals)
                 if not len(det):
                     continue
                 levels = det if scale is None else _rescale(det, rows[wave], scale)
-                found.extend(self._points(st.table, levels, det, view.partition, layer=layer))
+                found.extend(self._points(st.table, levels, det, view.partition, kind))
         for row, k_ts, _old, _new in frame.kernel_changes:
             name, layer_type = st.table.device_of_layer_row(row)
             dev = st.table.devices[name]
@@ -315,10 +344,10 @@ class Pipeline:
         return found
 
     def _points(
-        self, table: StreamTable, det: Detections, norm: Detections, partition: int, *,
-        layer: bool,
-    ) -> list[ChangePoint]:  # fmt: skip
+        self, table: StreamTable, det: Detections, norm: Detections, partition: int, kind: str
+    ) -> list[ChangePoint]:
         """Change points with metadata; `det` in metric units, `norm` in the detector's."""
+        layer = kind in ("layer", "pool_layer")
         names = LAYER_METRICS if layer else DEVICE_METRICS
         floor = (_LAYER_MIN_ABS if layer else _DEVICE_MIN_ABS)[det.cols]
         rel = (_LAYER_MIN_REL if layer else _DEVICE_MIN_REL)[det.cols]
@@ -326,8 +355,22 @@ class Pipeline:
         material = (shift >= floor) & (shift >= rel * np.abs(det.before))
         self.counters["change_points_immaterial"] += int((~material).sum())
         out: list[ChangePoint] = []
+        window_s = next(iter(table.devices.values())).window_s if table.devices else 10.0
         for i in np.flatnonzero(material):
             row = int(det.rows[i])
+            if kind.startswith("pool"):
+                pool, model, group_layer = table.group_keys[row]
+                metric = names[int(det.cols[i])]
+                out.append(ChangePoint(
+                    device=AGGREGATE + (pool or ""), host=None, pool=pool, model=model,
+                    layer=group_layer or None, metric=metric, stage=STAGE_OF[metric],
+                    onset_ts=float(det.onset_ts[i]), detected_ts=float(det.detected_ts[i]),
+                    before=float(det.before[i]), after=float(det.after[i]),
+                    score=float(np.round(det.score[i], 6)), window_s=window_s, row=row,
+                    partition=partition, norm_before=float(norm.before[i]),
+                    norm_after=float(norm.after[i]),
+                ))  # fmt: skip
+                continue
             if layer:
                 name, layer_type = table.device_of_layer_row(row)
             else:
@@ -356,3 +399,20 @@ def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
     k = np.where(np.isfinite(k), k, 1.0)
     return Detections(det.rows, det.cols, det.detected_ts, det.onset_ts, det.before * k,
                       det.after * k, det.score)  # fmt: skip
+
+
+def _adjusters(st: PartitionState) -> dict[str, LoadAdjuster | None]:
+    return {
+        "layer_load": st.layer_load,
+        "device_load": st.device_load,
+        "pool_layer_load": st.pool_layer_load,
+        "pool_device_load": st.pool_device_load,
+    }
+
+
+def _snap(det: Detector | None) -> bytes | None:
+    return None if det is None else det.snapshot()
+
+
+def _unsnap(blob: bytes | None) -> Detector | None:
+    return None if blob is None else detect.restore_detector(blob)

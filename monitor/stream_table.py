@@ -59,6 +59,8 @@ class Frame:
     pool_device_rows: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     pool_device_ts: F64 = field(default_factory=lambda: np.empty(0))
     pool_device_values: F64 = field(default_factory=lambda: np.empty((0, len(DEVICE_METRICS))))
+    pool_layer_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
+    pool_device_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
 
     @staticmethod
     def waves(rows: I64) -> list[I64]:
@@ -281,8 +283,11 @@ class StreamTable:
         layer_group = np.array(lgroup, dtype=np.int64)
         device_group = np.array(dgroup, dtype=np.int64)
         device_load = np.array(dload, dtype=np.float64).reshape(-1, 2)
+        layer_load = device_load[np.array(lload_idx, dtype=np.int64)]
         pl_rows, pl_ts, pl_raw, pl_peak = group_sums(layer_group, layer_ts, raw, peak)
         pd_rows, pd_ts, pd_vals = group_means(device_group, device_ts, dvals)
+        _, _, pl_load = group_means(layer_group, layer_ts, layer_load)
+        _, _, pd_load = group_means(device_group, device_ts, device_load)
         frame = Frame(
             layer_rows=np.array(lrows, dtype=np.int64),
             layer_ts=layer_ts,
@@ -293,7 +298,7 @@ class StreamTable:
             kernel_changes=kchanges,
             layer_group=layer_group,
             device_group=device_group,
-            layer_load=device_load[np.array(lload_idx, dtype=np.int64)],
+            layer_load=layer_load,
             device_load=device_load,
             pool_layer_rows=pl_rows,
             pool_layer_ts=pl_ts,
@@ -301,6 +306,8 @@ class StreamTable:
             pool_device_rows=pd_rows,
             pool_device_ts=pd_ts,
             pool_device_values=pd_vals,
+            pool_layer_load=pl_load,
+            pool_device_load=pd_load,
         )
         return frame, rejections
 
