@@ -197,36 +197,24 @@ class AlertLifecycle:
 
 
 def _evidence(inc: Incident) -> list[Evidence]:
-    """One line per (stage, indicator, layer) that moved with the incident: device medians."""
-    groups = inc.supporting()
+    """One line per (stage, indicator, layer) that moved with the incident: device medians,
+    then the pool aggregates that moved at its onset (indicator prefixed `pool_`)."""
+    pooled: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
+    for p in inc.evidence:
+        if p.is_aggregate and abs(p.onset_ts - inc.onset_ts) <= 2 * inc.window_s:
+            pooled.setdefault((p.stage, f"pool_{p.metric}", p.layer), []).append(p)
     out = [
         Evidence(
             stage=stage,
-            indicator=metric,
+            indicator=indicator,
             layer=layer,
             before=round(float(median(p.before for p in ps)), 6),
             after=round(float(median(p.after for p in ps)), 6),
             onset_ts=float(median(p.onset_ts for p in ps)),
             score=round(float(max(p.score for p in ps)), 3),
         )
-        for (stage, metric, layer), ps in groups.items()
-    ]
-    onset = inc.onset_ts
-    pooled: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
-    for p in inc.evidence:
-        if p.is_aggregate and abs(p.onset_ts - onset) <= 2 * inc.window_s:
-            pooled.setdefault((p.stage, p.metric, p.layer), []).append(p)
-    out += [
-        Evidence(
-            stage=stage,
-            indicator=f"pool_{metric}",
-            layer=layer,
-            before=round(float(median(p.before for p in ps)), 6),
-            after=round(float(median(p.after for p in ps)), 6),
-            onset_ts=float(median(p.onset_ts for p in ps)),
-            score=round(float(max(p.score for p in ps)), 3),
-        )
-        for (stage, metric, layer), ps in pooled.items()
+        for groups in (inc.supporting(), pooled)
+        for (stage, indicator, layer), ps in groups.items()
     ]
     out.sort(key=lambda e: (e.onset_ts, STAGES.index(e.stage), e.indicator, e.layer or ""))
     return out
