@@ -82,6 +82,32 @@ class Incident:
     healthy_windows: int = 0
     bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
     recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back
+    # Fleet scope: the same regression on several pools pages once, as the parent.
+    parent: Incident | None = None
+    children: list[Incident] = field(default_factory=list)
+
+    def merged(self) -> Incident:
+        """This incident with its fleet children folded in (pool unset; model if shared)."""
+        members = [self, *self.children]
+        models = {m.model for m in members}
+        view = Incident(
+            None,
+            models.pop() if len(models) == 1 else None,
+            self.anchor_ts,
+            min(m.detected_ts for m in members),
+            self.window_s,
+            self.group_window_s,
+            points=[p for m in members for p in m.points],
+            evidence=[e for m in members for e in m.evidence],
+        )
+        view.alert_id = self.alert_id
+        return view
+
+    @property
+    def pools(self) -> list[str]:
+        """Pools this incident spans (one, or several for a fleet incident)."""
+        return sorted({m.pool or "" for m in (self, *self.children)})
+
     observed_ts: float = 0.0  # recovery is judged only on windows after this
     last_ts: float = 0.0
 

@@ -53,26 +53,38 @@ class AlertLifecycle:
     ) -> list[Alert]:
         """Alerts to send now: first pages after settling, and growth updates."""
         out: list[Alert] = []
+        sure_at: dict[int, float] = {}
         for inc in incidents:
-            if inc.status != "open":
+            if inc.status == "open" and inc.alert_id is None:
+                n_pool = pool_devices.get((inc.pool, inc.model), 0)
+                sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
+                if sure is not None:
+                    sure_at[id(inc)] = sure
+        self._link_fleet(incidents, sure_at)
+        for inc in incidents:
+            if inc.status != "open" or inc.parent is not None:
                 continue
-            n_pool = pool_devices.get((inc.pool, inc.model), 0)
-            level = inc.scope_level(n_pool, self.s.pool_fraction)
-            n = len(inc.devices)
+            fleet = bool(inc.children)
+            view = inc.merged() if fleet else inc
+            n_pool = sum(pool_devices.get((m.pool, m.model), 0) for m in (inc, *inc.children))
+            level = "fleet" if fleet else inc.scope_level(n_pool, self.s.pool_fraction)
+            n = len(view.devices)
             first = inc.alert_id is None
             if first:
                 if now_ts - inc.detected_ts < self.s.settle_windows * inc.window_s:
                     continue
-                sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
+                sure = min((sure_at[id(m)] for m in (inc, *inc.children) if id(m) in sure_at),
+                           default=None)  # fmt: skip
                 if sure is None:
                     continue
                 inc.detected_ts = sure
-                stage = inc.first_failing_stage()
-                inc.alert_id = fingerprint(
-                    inc.pool, inc.model, inc.primary_metric, stage,
-                    int(inc.onset_ts // inc.window_s),
+                stage = view.first_failing_stage()
+                inc.alert_id = view.alert_id = fingerprint(
+                    "fleet" if fleet else inc.pool, view.model, view.primary_metric, stage,
+                    int(view.onset_ts // inc.window_s),
                 )  # fmt: skip
-            alert = self.render(inc, now_ts, n_pool, "firing")
+            view.detected_ts = inc.detected_ts
+            alert = self.render(view, now_ts, n_pool, "firing", level=level)
             # Big growth re-sends at once; any other change in count at a calm pace.
             grew = n >= inc.emitted_devices * (1 + self.s.update_growth) or (
                 n != inc.emitted_devices
@@ -86,6 +98,31 @@ class AlertLifecycle:
             out.append(alert)
         return out
 
+    def _link_fleet(self, incidents: list[Incident], sure_at: dict[int, float]) -> None:
+        """Fold same-metric, same-layer incidents of different pools with close onsets into
+        one fleet incident (a driver or firmware rollout hits every pool at once)."""
+        live = [
+            i for i in incidents
+            if i.status == "open" and i.parent is None and (i.alert_id or id(i) in sure_at)
+        ]  # fmt: skip
+        live.sort(key=lambda i: (i.alert_id is None, i.anchor_ts))
+        for inc in live:
+            if inc.parent is not None:
+                continue
+            key = (inc.primary_metric, inc.layers[:1])
+            for other in live:
+                if (
+                    other is not inc
+                    and other.parent is None
+                    and not other.children
+                    and other.alert_id is None
+                    and other.pool not in inc.pools
+                    and (other.primary_metric, other.layers[:1]) == key
+                    and abs(other.onset_ts - inc.onset_ts) <= self.s.group_window_s
+                ):
+                    other.parent = inc
+                    inc.children.append(other)
+
     def observe(
         self, incidents: list[Incident], views: list[NormView], n_pool: dict[PoolKey, int]
     ) -> list[Alert]:
@@ -96,7 +133,7 @@ class AlertLifecycle:
         """
         out: list[Alert] = []
         for inc in incidents:
-            if inc.status != "open" or inc.alert_id is None:
+            if inc.status != "open" or inc.alert_id is None or inc.parent is not None:
                 continue
             pts = inc.primary_points()
             before = median(p.norm_before for p in inc.headline_points())
@@ -120,14 +157,20 @@ class AlertLifecycle:
                     continue
                 inc.healthy_windows += 1
                 if stepped and inc.healthy_windows >= self.s.resolve_windows:
-                    inc.status = "resolved"
-                    inc.last_ts = t
+                    for member in (inc, *inc.children):
+                        member.status = "resolved"
+                        member.last_ts = t
                     n = n_pool.get((inc.pool, inc.model), 0)
-                    out.append(self.render(inc, t, n, "resolved"))
+                    if inc.children:
+                        out.append(self.render(inc.merged(), t, n, "resolved", level="fleet"))
+                    else:
+                        out.append(self.render(inc, t, n, "resolved"))
                     break
         return out
 
-    def render(self, inc: Incident, now_ts: float, n_pool: int, status: str) -> Alert:
+    def render(
+        self, inc: Incident, now_ts: float, n_pool: int, status: str, level: str | None = None
+    ) -> Alert:
         """The alert record for an incident as it stands now."""
         metric = inc.primary_metric
         pts = inc.headline_points()
@@ -137,7 +180,7 @@ class AlertLifecycle:
         stage = inc.first_failing_stage()
         moved = {metric for _, metric, _ in inc.supporting()}
         bottleneck = bottleneck_class(stage, moved)
-        level = inc.scope_level(n_pool, self.s.pool_fraction)
+        level = level or inc.scope_level(n_pool, self.s.pool_fraction)
         devices = sorted(inc.devices)
         layers = inc.layers
         what = f"{layers[0] + ' ' if layers else ''}{_METRIC_WORDS.get(metric, metric)}"
@@ -154,7 +197,9 @@ class AlertLifecycle:
             "page" if loss >= self.s.page_loss else "ticket" if loss >= self.s.page_loss / 5
             else "info"
         )  # fmt: skip
+        pools = sorted({p.pool or "" for p in inc.points})
         where = {
+            "fleet": f"{len(pools)} pools ({', '.join(pools)}; {len(devices)} devices)",
             "pool": f"pool {inc.pool} ({len(devices)} devices)",
             "host": f"host {devices and sorted(inc.hosts)[0]} ({len(devices)} devices)",
             "device": f"device {devices[0]}"

@@ -43,26 +43,34 @@ def msg(rec: dict[str, Any] | bytes, topic: str = "flopwatch.samples", partition
 
 def fleet(windows: int, *, devices: int = 32, regress_at: int | None = None,
           regress_pool: str = "train-a", factor: float = 0.85, noise: float = 0.02,
-          seed: int = 0, change_at: int | None = None) -> list[list[RawMessage]]:  # fmt: skip
-    """Batches (one per window) for two pools; optional kernel-fallback regression on one pool."""
+          seed: int = 0, change_at: int | None = None, change_kind: str = "kernel_lib",
+          change_scope: dict[str, str] | None = None,
+          kernel_fallback: bool = True) -> list[list[RawMessage]]:  # fmt: skip
+    """Batches (one per window) for two pools; optional regression on one pool ("*" = both).
+
+    By default the regression is a kernel fallback after a kernel_lib change scoped to the
+    regressed pool; `kernel_fallback=False` makes it a plain MFU drop (say, a driver).
+    """
     rng = np.random.default_rng(seed)
+    scope = change_scope if change_scope is not None else {"pool": regress_pool}
     batches: list[list[RawMessage]] = []
     for w in range(windows):
         ts = T0 + 10.0 * (w + 1)
         batch: list[RawMessage] = []
         if change_at is not None and w == change_at:
-            batch.append(msg({"v": 1, "ts": ts - 5.0, "id": "chg-1", "kind": "kernel_lib",
-                              "scope": {"pool": regress_pool}, "from": "2.3.0", "to": "2.4.0"},
+            batch.append(msg({"v": 1, "ts": ts - 5.0, "id": "chg-1", "kind": change_kind,
+                              "scope": scope, "from": "2.3.0", "to": "2.4.0"},
                              topic="flopwatch.changes"))  # fmt: skip
         for d in range(devices):
             pool = "train-a" if d < devices // 2 else "train-b"
-            bad = regress_at is not None and pool == regress_pool and w >= regress_at
+            bad = regress_at is not None and regress_pool in (pool, "*") and w >= regress_at
             noise_mfu = 1 + noise * rng.standard_normal()
+            swapped = bad and kernel_fallback
             rec = window(
                 f"node-{d // 8:03d}/gpu{d % 8}", ts, pool=pool,
                 mfu=0.45 * noise_mfu * (factor if bad else 1.0),
                 stall=0.3 * (1 + noise * rng.standard_normal()),
-                kernel="fa3_fallback" if bad else "fa3", fallback=0.4 if bad else 0.0,
+                kernel="fa3_fallback" if swapped else "fa3", fallback=0.4 if swapped else 0.0,
             )  # fmt: skip
             batch.append(msg(rec, partition=d % 4))
         batches.append(batch)

@@ -112,3 +112,31 @@ def test_unknown_hardware_keeps_other_indicators_flowing() -> None:
     assert alerts
     assert alerts[0].metric == "stall_frac"
     assert alerts[0].delta_pct > 30
+
+
+def test_same_regression_on_every_pool_is_one_fleet_alert() -> None:
+    """A fleet-wide driver rollout hurting both pools pages once, at fleet scope, with it."""
+    batches = fleet(90, regress_at=49, change_at=48, regress_pool="*", change_kind="driver",
+                    change_scope={}, kernel_fallback=False)  # fmt: skip
+    _, alerts, _ = _run(batches)
+    firing = [a for a in alerts if a.status == "firing"]
+    assert firing
+    assert {a.id for a in firing} == {firing[0].id}
+    last = firing[-1]
+    assert last.scope.level == "fleet"
+    assert last.scope.pool is None
+    assert last.scope.device_count >= 28  # of 32, both pools
+    assert {d.split("/")[0] for d in last.scope.devices} == {f"node-{i:03d}" for i in range(4)}
+    assert last.first_failing_stage == "execution"
+    assert last.suggestion.change_id == "chg-1"
+    assert "2 pools" in last.summary
+
+
+def test_pool_scoped_change_does_not_explain_a_fleet_incident() -> None:
+    """A change rolled out to one pool is not proposed for a regression across the fleet."""
+    batches = fleet(90, regress_at=49, change_at=48, regress_pool="*", change_kind="driver",
+                    change_scope={"pool": "train-a"}, kernel_fallback=False)  # fmt: skip
+    _, alerts, _ = _run(batches)
+    last = [a for a in alerts if a.status == "firing"][-1]
+    assert last.scope.level == "fleet"
+    assert last.suggestion.change_id is None
