@@ -109,7 +109,7 @@ class PartitionState:
 class Pipeline:
     """Processes batches of raw messages in event time; deterministic for a given input."""
 
-    def __init__(self, settings: Settings, log: object | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.catalog = catalog_from(settings)
         self.codec = Codec()

@@ -171,10 +171,6 @@ class StreamTable:
         assert name is not None  # noqa: S101 - rows in use always have a name
         return name, key[1]
 
-    def pool_device_count(self, pool: str | None, model: str | None) -> int:
-        """Devices of (pool, model) currently known (not expired)."""
-        return sum(1 for d in self.devices.values() if d.pool == pool and d.model == model)
-
     # -- batch -> frame ------------------------------------------------------------
     def build(self, records: list[WindowRecord]) -> tuple[Frame, list[Rejection]]:
         """Register streams, drop duplicates/late records, and derive the metric matrices."""
