@@ -181,10 +181,10 @@ class Pipeline:
         if not samples:
             return out
         now = self.watermark()
-        self.correlator.add(points, now, self.pool_counts() if points else None)
+        counts = self.pool_counts() if points or self.correlator.incidents else {}
+        self.correlator.add(points, now, counts)
         open_incidents = [i for i in self.correlator.incidents if i.status == "open"]
         if open_incidents:
-            counts = self.pool_counts()
             out.alerts.extend(self.lifecycle.due(open_incidents, now, counts, self.host_sizes()))
             out.alerts.extend(self.lifecycle.observe(open_incidents, views, counts))
             self._hold_load_models(out.alerts)
@@ -204,7 +204,7 @@ class Pipeline:
             if inc is None:
                 continue
             by_part: dict[int, set[int]] = {}
-            for p in inc.primary_points():
+            for p in (q for member in (inc, *inc.children) for q in member.primary_points()):
                 st = self.partitions.get(p.partition)
                 gid = st.table.groups.get((p.pool, p.model, p.layer or "")) if st else None
                 if gid is not None:
@@ -212,7 +212,7 @@ class Pipeline:
             for part, gids in by_part.items():
                 st = self.partitions[part]
                 arr = np.array(sorted(gids), dtype=np.int64)
-                for adjuster in (st.layer_load, st.device_load):
+                for adjuster in _adjusters(st).values():
                     if adjuster is not None:
                         adjuster.hold(arr, hold=alert.status == "firing")
 
