@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -95,6 +95,17 @@ class DetectorSettings(_Frozen):
     load_aware: bool = Field(default=True, description="detect on y / expected-given-load")
     load_forget: float = Field(default=0.99, gt=0, le=1, description="load model memory/window")
     stream_ttl_s: float = Field(default=3600.0, gt=0, description="expire silent streams after")
+
+    @model_validator(mode="after")
+    def _known_params(self) -> DetectorSettings:
+        """Reject engine parameters the chosen kind does not take (one clear line, at load)."""
+        from monitor.detect import detector_params  # noqa: PLC0415 - detect is heavier
+
+        valid = detector_params(self.kind)
+        unknown = sorted(set(self.params) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown detector.params {unknown} for kind {self.kind!r}")
+        return self
 
     def engine_params(self) -> dict[str, float]:
         """Keyword arguments for the detector constructor."""
@@ -204,10 +215,12 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
     try:
         return _FromFile(**overrides) if config_file else Settings(**overrides)
-    except ValueError as exc:  # pydantic ValidationError is a ValueError
-        first = str(exc).splitlines()
-        detail = "; ".join(line.strip() for line in first[1:3]) if len(first) > 1 else first[0]
-        raise ConfigError(f"invalid configuration: {detail}") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or "settings"
+        what = err["msg"].removeprefix("Value error, ")
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(f"invalid configuration: {where}: {what}{more}") from None
 
 
 def masked_dump(settings: Settings) -> dict[str, Any]:

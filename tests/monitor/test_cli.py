@@ -126,3 +126,21 @@ def test_replay_dead_letters_file(tmp_path: Path) -> None:
     dead = [json.loads(line) for line in dl.read_text().splitlines()]
     assert [d["reason"].split(":")[0] for d in dead] == ["ts", "malformed JSON"]
     assert dead[0]["line"] == 6 * 32 + 1  # six windows of 32 devices, then the bad line
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"FLOPWATCH_DETECTOR__PARAMS__BOGUS": "1"}, "detector: unknown detector.params ['bogus']"),
+        ({"FLOPWATCH_DETECTOR__KIND": "magic"}, "detector.kind: Input should be"),
+        ({"FLOPWATCH_ALERTS__POOL_FRACTION": "2"}, "alerts.pool_fraction"),
+    ],
+)
+def test_bad_environment_is_one_line(env: dict[str, str], needle: str, monkeypatch, capsys) -> None:
+    """Bad settings from the environment fail at load, in one line naming the setting."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["config"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert needle in err
