@@ -154,11 +154,14 @@ class Incident:
             by_layer.setdefault(p.layer, set()).add(p.device)
         return by_layer
 
+    @staticmethod
+    def _headline(by_layer: dict[str | None, set[str]]) -> str | None:
+        return max(by_layer, key=lambda k: (len(by_layer[k]), k or ""))
+
     def headline_points(self) -> list[ChangePoint]:
         """Primary-metric points on the layer most devices moved on: levels are quoted
         per layer (mixing attention's and norm's MFU in one median means nothing)."""
-        by_layer = self._layer_devices()
-        top = max(by_layer, key=lambda k: (len(by_layer[k]), k or ""))
+        top = self._headline(self._layer_devices())
         return [p for p in self.primary_points() if p.layer == top]
 
     @property
@@ -166,7 +169,7 @@ class Incident:
         """Layer types whose primary metric regressed on at least half as many devices as
         the headline layer, headline first."""
         by_layer = self._layer_devices()
-        top = max(by_layer, key=lambda k: (len(by_layer[k]), k or ""))
+        top = self._headline(by_layer)
         rest = sorted(
             k for k, d in by_layer.items() if k and k != top and 2 * len(d) >= len(by_layer[top])
         )

@@ -164,25 +164,20 @@ def test_upstream_stages_stay_flat(scenario_run: RunCache, name: str, i: int) ->
         ok, why = _flat(ts, vals, base, eff)
         assert ok, f"{inc['id']} {nm}/{layer}: {why}"
     if "lowering" in upstream:
+
+        def kernels(span: tuple[float, float], layer: str) -> set[str | None]:
+            return {
+                x.kernel
+                for ts in dec.ts
+                if span[0] < ts <= span[1]
+                for r in dec.records[ts]
+                if r.device in scope
+                for x in r.layers
+                if x.type == layer
+            }
+
         for layer in layers:
-            kb = {
-                x.kernel
-                for ts in dec.ts
-                if base[0] < ts <= base[1]
-                for r in dec.records[ts]
-                if r.device in scope
-                for x in r.layers
-                if x.type == layer
-            }
-            ke = {
-                x.kernel
-                for ts in dec.ts
-                if eff[0] < ts <= eff[1]
-                for r in dec.records[ts]
-                if r.device in scope
-                for x in r.layers
-                if x.type == layer
-            }
+            kb, ke = kernels(base, layer), kernels(eff, layer)
             assert kb == ke, f"{inc['id']} kernel/{layer}: {kb} -> {ke}"
 
 
