@@ -34,6 +34,7 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
@@ -265,7 +266,16 @@ class BankCusum:
         values = np.asarray(values, dtype=np.float64).reshape(n, k)
         if int(rows.min()) < 0:
             raise ValueError("row ids must be >= 0")
-        self._grow(int(rows.max()) + 1)
+        top = int(rows.max()) + 1
+        self._grow(top)
+        if n > 1 and not bool(np.all(np.diff(rows) > 0)) and top <= 4 * n + 1024:
+            # Arrival order is arbitrary; a counting sort (rows are unique within a wave)
+            # costs far less than the gather path it avoids.
+            slot = np.full(top, -1, dtype=np.int64)
+            slot[rows] = np.arange(n)
+            order = slot[slot >= 0]
+            if order.size == n:
+                rows, ts, values = rows[order], ts[order], values[order]
         fin = np.isfinite(values)
         if n == 1 or bool(np.all(np.diff(rows) > 0)):
             lo, hi = int(rows[0]), int(rows[-1]) + 1
@@ -552,6 +562,15 @@ class BankCusum:
         # Onset: maximum-likelihood split against the known baseline level, i.e. the
         # suffix maximising (signed suffix sum)² / suffix length.
         d = np.where(fin, (vals - mu[:, None]) * sign[:, None], 0.0)
+        # Deviations bounded, so that one outlier left in the ring cannot drag the split
+        # towards itself: at the front-end's bound, or 1.5x the newest samples' shift for a
+        # step larger than that (a tighter bound would blur a big step's onset).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tail: no estimate
+            recent = np.nanmedian(vals[:, -4:], axis=1)
+        step = np.nan_to_num(np.abs(recent - mu), nan=0.0)
+        lim = np.maximum(self._dclip * s["sig"][cells], 1.5 * step)[:, None]
+        d = np.clip(d, -lim, lim)
         suf = np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
         cnt = np.cumsum(fin[:, ::-1], axis=1)[:, ::-1]
         gain = np.where(fin & (suf > 0), suf * suf / np.maximum(cnt, 1), -1.0)

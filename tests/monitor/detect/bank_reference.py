@@ -133,8 +133,11 @@ class BankReference:
         vals = [p[1] for p in self.ring]
         valid = [i for i, v in enumerate(vals) if math.isfinite(v)]
         best, first = -1.0, valid[0]
+        tail = [v for v in vals[-4:] if math.isfinite(v)]
+        step = abs(float(np.median(tail)) - self.mu) if tail else 0.0
+        lim = max(self.dclip * self.sig, 1.5 * step)  # bounded deviations
         for i in valid:  # the earliest maximiser of (signed suffix sum)² / length
-            suf = [sign * (vals[k] - self.mu) for k in valid if k >= i]
+            suf = [self._clip(sign * (vals[k] - self.mu), lim) for k in valid if k >= i]
             s = sum(suf)
             g = s * s / len(suf) if s > 0 else -1.0
             if g > best:
