@@ -44,6 +44,9 @@ class BankReference:
     rel_floor: float = 1e-3
     abs_floor: float = 1e-9
     min_rel_change: float = 0.03
+    jump: float = 6.0
+    jump_windows: int = 3
+    jr: int = 0  # signed run of windows beyond `jump` marginal sigmas
     ring: list[tuple[float, float]] = field(default_factory=list)  # (t, x); x NaN = dropped
     n: int = 0
     nb: int = 0
@@ -89,12 +92,22 @@ class BankReference:
 
     def _active(self, t: float, x: float, xl: float) -> RefHit | None:
         c = self.clip
-        dz = self._clip((x - self.mu) / self.sig, self.dclip)
+        raw = (x - self.mu) / self.sig
+        marginal = raw * math.sqrt(1 - self.phi * self.phi)  # the level's own sigmas
+        if self.ns < 128:  # the scale is not trusted for the jump rule yet
+            self.jr = 0
+        elif self.jump > 0 and marginal > self.jump:
+            self.jr = max(self.jr, 0) + 1
+        elif self.jump > 0 and marginal < -self.jump:
+            self.jr = min(self.jr, 0) - 1
+        else:
+            self.jr = 0
+        dz = self._clip(raw, self.dclip)
         z = self._clip(dz - self.phi * self.dprev, c)
         self.dprev = dz
         if self.n < self.youth_until:
             z *= min(max(1 - self.youth / self.n, 0.0), 1.0)
-        fire = False
+        fire = abs(self.jr) >= self.jump_windows
         for j, d in enumerate(self.shifts):
             a_up, a_dn = d * z - d * d / 2, -d * z - d * d / 2
             if d * c - d * d / 2 > self.step_cap:
@@ -128,7 +141,9 @@ class BankReference:
     def _alarm(self, t: float) -> RefHit | None:
         rows = [v for pair in zip(self.up, self.dn, strict=True) for v in pair]
         member = rows.index(max(rows)) // 2  # the bank row that leads, first on ties
-        sign = 1 if max(self.up) >= max(self.dn) else -1
+        jumped = abs(self.jr) >= self.jump_windows
+        leads_up = self.jr > 0 if jumped else max(self.up) >= max(self.dn)
+        sign = 1 if leads_up else -1
         times = [p[0] for p in self.ring]
         vals = [p[1] for p in self.ring]
         valid = [i for i, v in enumerate(vals) if math.isfinite(v)]
@@ -144,7 +159,7 @@ class BankReference:
                 best, first = g, i
         onset = times[first - 1] if first > 0 else times[first]
         run = self.run[0] if sign > 0 else self.run[1]
-        if member == 0 and run > len(valid) and len(valid) >= 2:
+        if member == 0 and not jumped and run > len(valid) and len(valid) >= 2:
             spacing = float(np.median(np.diff([times[i] for i in valid])))
             onset = t - run * spacing
         post = [vals[i] for i in valid if i >= first]
@@ -153,6 +168,7 @@ class BankReference:
         self.up = [0.0] * len(self.shifts)
         self.dn = [0.0] * len(self.shifts)
         self.run = [0.0, 0.0]
+        self.jr = 0
         self.ring = [(tt, v if i >= first else math.nan) for i, (tt, v) in enumerate(self.ring)]
         self.n = len(post)
         if self.n >= self.burn_in:
@@ -172,6 +188,7 @@ class BankReference:
         self.nb = int(fin.sum())
         self.n = max(self.n, self.burn_in)
         self.ring = [(tt, math.nan) for tt, _ in self.ring]
+        self.jr = 0
         self.up = [0.0] * len(self.shifts)
         self.dn = [0.0] * len(self.shifts)
         self.run = [0.0, 0.0]

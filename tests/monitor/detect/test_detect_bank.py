@@ -130,6 +130,44 @@ def test_large_step_found_within_a_few_windows(
     assert hits.score[0] >= 1.0
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.floats(10.0, 1e4),
+    sign=st.sampled_from([-1.0, 1.0]),
+    heavy=st.booleans(),
+)
+def test_huge_step_found_in_three_windows(seed: int, size: float, sign: float, heavy: bool) -> None:
+    """A step of >= 10 sigma alarms on its third window (the jump rule), not after the
+    bank's capped steps add up, whatever the noise's tails."""
+    rng = np.random.default_rng(seed)
+    noise = (
+        rng.standard_t(3, (420, 1, 1)) / np.sqrt(3) if heavy else rng.standard_normal((420, 1, 1))
+    )
+    x = 50.0 + noise
+    x[400:] += sign * size
+    hits = feed(BankCusum(1), x)
+    late = hits.detected_ts >= WINDOW * 400
+    assert late.sum() >= 1
+    assert hits.detected_ts[late][0] == WINDOW * 402
+    assert abs(hits.onset_ts[late][0] - WINDOW * 399) <= WINDOW
+    assert np.sign(hits.after[late][0] - hits.before[late][0]) == sign
+
+
+@pytest.mark.parametrize("kind", ["t3", "ar08"])
+def test_jump_rule_adds_no_alarm_on_null_noise(kind: str) -> None:
+    """On long heavy-tailed or strongly autocorrelated null streams the engine with the
+    jump rule gives exactly what it gives without it."""
+    rng = np.random.default_rng(21)
+    shape = (1500, 2000, 1)
+    noise = rng.standard_t(3, shape) / np.sqrt(3) if kind == "t3" else ar1(rng, shape, 0.8)
+    x = 10.0 + noise
+    with_jump = feed(BankCusum(1, min_rel_change=0.0), x)
+    without = feed(BankCusum(1, min_rel_change=0.0, jump=0.0), x)
+    np.testing.assert_array_equal(with_jump.rows, without.rows)
+    np.testing.assert_array_equal(with_jump.detected_ts, without.detected_ts)
+
+
 def test_one_sigma_shift_is_caught_and_onset_is_close() -> None:
     """A 1-sigma shift on an established baseline: found by nearly every stream, onset near."""
     rng = np.random.default_rng(11)
