@@ -333,6 +333,20 @@ def engine_shift(kind: str, plan: Plan, rng: np.random.Generator) -> ShiftScore:
     return score_alarms(sizes, at, wave_alarms(engine(n), Noise(kind, n, rng), offs, at, windows))
 
 
+LARGE = (6.0, 10.0, 30.0)  # steps of the size real regressions often have (sd units)
+
+
+def engine_large(kind: str, n_per: int, rng: np.random.Generator) -> dict[float, float]:
+    """Median delay (windows) of the engine on large steps, after 400 windows of history."""
+    sizes = np.repeat(np.array(LARGE), n_per)
+    offs = sizes * rng.choice([-1.0, 1.0], sizes.size)
+    at = 400 + rng.integers(0, 32, sizes.size)
+    sc = score_alarms(
+        sizes, at, wave_alarms(engine(sizes.size), Noise(kind, sizes.size, rng), offs, at, 460)
+    )
+    return {s: sc.row(s)["delay_median"] for s in LARGE}
+
+
 # -- river baselines ----------------------------------------------------------------------------
 
 
@@ -655,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
             "first_200_windows_per_1e5": 1e5 * early / (plan.null_streams * 200),
         }  # fmt: skip
         eng[kind] = engine_shift(kind, plan, rng)
+    large = {kind: engine_large(kind, 300, rng) for kind in NOISES}
     print(f"engine measured ({time.perf_counter() - started:.0f} s)", flush=True)
 
     # 2. The exact oracle, at the budget and at the engine's own measured rate per noise
@@ -776,6 +791,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"state: {state_bytes} bytes per (stream, metric) cell")
     print(
+        "large steps, engine median delay in windows (jump rule: 3 in a row beyond 6 sd): "
+        + "; ".join(f"{k} " + ", ".join(f"{s:g} sd {large[k][s]:g}" for s in LARGE) for k in NOISES)
+    )
+    print(
         f"river calibration (Gaussian, target {river['adwin']['target_per_1e5']:.2f} per 1e5, "
         "the engine's Gaussian rate): "
         f"ADWIN delta={river['adwin']['param']:.3g} "
@@ -863,6 +882,7 @@ def main(argv: list[str] | None = None) -> int:
         median_delay_ratio_vs_oracle_same_rate={k: {str(s): same_ratio(k, s) for s in SHIFTS}
                                                 for k in NOISES},
         throughput=tput,
+        large_step_delay_median={k: {str(s): v for s, v in d.items()} for k, d in large.items()},
         threshold_sweep=tradeoff,
         scenarios=scen,
         seconds=time.perf_counter() - started,
