@@ -247,15 +247,33 @@ class BankCusum:
         self._ring[:, cells] = np.nan
         self._tring[:, cells] = np.nan
 
-    def _arrays(self) -> dict[str, np.ndarray]:
-        arrays: dict[str, np.ndarray] = dict(self._s)
-        arrays.update(bank=self._bank, run=self._run, ring=self._ring, tring=self._tring)
+    def _rows_in_use(self) -> int:
+        """Rows up to the last one that ever saw a sample (later slots are pristine)."""
+        seen = (self._s["n"] > 0) | (self._s["ns"] > 0)
+        last = np.flatnonzero(seen)
+        return 0 if last.size == 0 else int(last[-1]) // self.n_metrics + 1
+
+    def _arrays(self, rows: int | None = None) -> dict[str, np.ndarray]:
+        """State arrays for the first `rows` rows (all allocated rows by default)."""
+        cells = (self._cap if rows is None else rows) * self.n_metrics
+        arrays: dict[str, np.ndarray] = {name: a[:cells] for name, a in self._s.items()}
+        arrays.update(
+            bank=self._bank[:, :cells],
+            run=self._run[:, :cells],
+            ring=self._ring[:, :cells],
+            tring=self._tring[:, :cells],
+        )
         return arrays
 
     def snapshot(self) -> bytes:
-        """All state and parameters as deterministic bytes."""
-        params = self.params() | {"n_metrics": self.n_metrics, "rows": self._cap}
-        return _blob.pack(self.kind, params, self._arrays())
+        """All state and parameters as deterministic bytes.
+
+        Only rows in use are written: capacity is pre-allocated (and doubles), so a
+        partition with a few devices would otherwise checkpoint megabytes of empty slots.
+        """
+        rows = self._rows_in_use()
+        params = self.params() | {"n_metrics": self.n_metrics, "rows": rows}
+        return _blob.pack(self.kind, params, self._arrays(rows))
 
     @classmethod
     def restore(cls, blob: bytes) -> BankCusum:

@@ -327,6 +327,25 @@ def test_snapshot_restore_gives_identical_future_outputs(seed: int, cut: int, k:
     assert det.snapshot() == twin.snapshot()
 
 
+def test_snapshot_holds_only_rows_in_use() -> None:
+    """A detector with room for 4096 rows but 3 in use checkpoints 3 rows, and the restored
+    one goes on exactly like the original (growing again when new rows arrive)."""
+    rng = np.random.default_rng(2)
+    x = 5 + rng.standard_normal((400, 5, 1))
+    x[300:, 4] += 4.0
+    det = BankCusum(1, capacity=4096)
+    feed(det, x[:200, :3])
+    blob = det.snapshot()
+    assert len(blob) < 3 * det.state_bytes_per_cell() + 4096
+    twin = BankCusum.restore(blob)
+    assert twin.snapshot() == blob
+    rest_a = feed(det, x[200:], t0=WINDOW * 200)
+    rest_b = feed(twin, x[200:], t0=WINDOW * 200)
+    for f in ("rows", "detected_ts", "onset_ts", "before", "after", "score"):
+        np.testing.assert_array_equal(getattr(rest_a, f), getattr(rest_b, f))
+    assert 4 in rest_a.rows.tolist()
+
+
 def test_state_is_compact() -> None:
     """Well under 1 KB per (stream, metric) cell."""
     det = BankCusum(3, capacity=1000)
