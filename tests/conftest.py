@@ -14,8 +14,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import structlog
 
 from monitor.embedded import BrokerError, EmbeddedBroker, free_port
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> None:
+    """Start each test with structlog's default (stdout) configuration.
+
+    A CLI test that calls `main()` points structlog at pytest's captured stream, which
+    is closed once that test ends; anything that logs in a later test would die on
+    "I/O operation on closed file", whatever the order the tests run in.
+    """
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")
