@@ -16,7 +16,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,23 +26,13 @@ sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).resolv
 from monitor.app import Runner  # noqa: E402
 from monitor.config import Settings  # noqa: E402
 from monitor.pipeline import Pipeline  # noqa: E402
+from monitor.sinks.memory import ListSink  # noqa: E402
 from monitor.sources.simulated import SimulatorSource  # noqa: E402
 from monitor.wire import Alert  # noqa: E402
 from sim.run import simulate  # noqa: E402
 from sim.scenarios import SCENARIOS  # noqa: E402
 
 PACK = [n for n in SCENARIOS if n not in ("dirty_stream",)]
-
-
-class _Collect:
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    async def send(self, alerts: Sequence[Alert]) -> None:
-        self.alerts.extend(alerts)
-
-    async def close(self) -> None:
-        return None
 
 
 @dataclass
@@ -73,7 +62,7 @@ async def run_scenario(name: str, devices: int | None, seed: int, settings: Sett
     sc = SCENARIOS[name]
     sim = simulate(name, devices=devices or sc.default_devices,
                    duration_s=sc.default_duration_s, seed=seed)  # fmt: skip
-    sink = _Collect()
+    sink = ListSink()
     t0 = time.perf_counter()
     await Runner(SimulatorSource(sim, settings.kafka.topics, partitions=4),
                  Pipeline(settings), [sink]).run()  # fmt: skip

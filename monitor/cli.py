@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import logging
 import signal
 import sys
 import time
@@ -275,18 +276,43 @@ async def _record(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _serve(settings: Settings) -> int:
     """The production daemon: Kafka in, alerts to the configured sinks."""
+    from aiokafka.errors import KafkaError  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
     from monitor.app import Runner  # noqa: PLC0415
+    from monitor.checkpoint import CheckpointError, open_checkpointer  # noqa: PLC0415
+    from monitor.http import serve_http  # noqa: PLC0415
     from monitor.pipeline import Pipeline  # noqa: PLC0415
     from monitor.sinks.base import Sink  # noqa: PLC0415
     from monitor.sinks.files import ConsoleSink, JsonlSink  # noqa: PLC0415
     from monitor.sinks.kafka import KafkaSink  # noqa: PLC0415
     from monitor.sources.kafka import KafkaSource  # noqa: PLC0415
+    from monitor.telemetry import register_metrics  # noqa: PLC0415
 
     log = get_logger("daemon")
     source = KafkaSource(settings.kafka)
+    pipeline = Pipeline(settings)
     kafka_sink = KafkaSink(settings.kafka)
-    await source.start()
-    await kafka_sink.start()
+    checkpointer = None
+    # aiokafka logs each failed connection itself; at startup our one line says it all.
+    aiokafka_log = logging.getLogger("aiokafka")
+    level = aiokafka_log.level
+    aiokafka_log.setLevel(logging.CRITICAL)
+    try:
+        checkpointer = await open_checkpointer(source, pipeline, settings.checkpoint)
+        await source.start()
+        await kafka_sink.start()
+    except (CheckpointError, KafkaError) as exc:
+        # One line and exit 2, not a traceback: an unreachable or misnamed cluster is a
+        # setting to fix (the supervisor restarts the pod either way).
+        for part in (checkpointer, source, kafka_sink):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    await part.close()
+        where = settings.kafka.bootstrap_servers
+        raise UsageError(f"cannot start against Kafka at {where}: {exc}") from None
+    finally:
+        aiokafka_log.setLevel(level)
     sinks: list[Sink] = []
     if settings.sinks.kafka:
         sinks.append(kafka_sink)
@@ -300,15 +326,31 @@ async def _serve(settings: Settings) -> int:
         am = AlertmanagerSink(settings.sinks.alertmanager)
         await am.start()
         sinks.append(am)
-    runner = Runner(source, Pipeline(settings), sinks, dead_letters=kafka_sink.send_dead)
+    runner = Runner(source, pipeline, sinks, dead_letters=kafka_sink.send_dead,
+                    checkpointer=checkpointer)  # fmt: skip
+    registry = register_metrics(CollectorRegistry(), runner, source, checkpointer,
+                                lambda: source.ready)  # fmt: skip
+    # All interfaces: the kubelet's probes and Prometheus reach the pod from outside.
+    http = await serve_http(settings.http_port, registry, lambda: source.ready,
+                            host="0.0.0.0")  # noqa: S104  # fmt: skip
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, runner.stop.set)
-    log.info("started", bootstrap=settings.kafka.bootstrap_servers, group=settings.kafka.group_id)
+    log.info("started", bootstrap=settings.kafka.bootstrap_servers, group=settings.kafka.group_id,
+             http_port=http.port if http else None)  # fmt: skip
     try:
         await runner.run()
+    except CheckpointError as exc:
+        # The state topic is unreadable: exit so the supervisor retries, rather than run
+        # without history and overwrite the good checkpoints with fresh state.
+        log.exception("cannot restore checkpoints", error=str(exc))
+        return 1
     finally:
+        if http is not None:
+            await http.close()
         await source.close()
+        if checkpointer is not None:
+            await checkpointer.close()
         for s in sinks:
             if s is not kafka_sink:
                 await s.close()

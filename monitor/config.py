@@ -152,6 +152,21 @@ class SinkSettings(_Frozen):
     alertmanager: AlertmanagerSettings = AlertmanagerSettings()
 
 
+class CheckpointSettings(_Frozen):
+    """Per-partition checkpoints of detector and incident state in the state topic."""
+
+    enabled: bool = Field(default=True, description="write and restore checkpoints")
+    interval_s: float = Field(default=60.0, gt=0, description="write every this many seconds")
+    chunk_bytes: int = Field(
+        default=900_000,
+        ge=1024,
+        description="split records above this size (stay under the broker's max.message.bytes)",
+    )
+    load_timeout_s: float = Field(
+        default=120.0, gt=0, description="give up reading the state topic after this long"
+    )
+
+
 class HardwareEntry(_Frozen):
     """A catalog entry added or overridden from config."""
 
@@ -176,6 +191,7 @@ class Settings(BaseSettings):
     detector: DetectorSettings = DetectorSettings()
     alerts: AlertSettings = AlertSettings()
     sinks: SinkSettings = SinkSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
     hardware: dict[str, HardwareEntry] = Field(default_factory=dict)
     http_port: int = Field(default=9108, ge=0, le=65535, description="0 disables /metrics")
     log_format: Literal["auto", "json", "console"] = "auto"

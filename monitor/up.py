@@ -11,16 +11,20 @@ import time
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaProducer
+from prometheus_client import CollectorRegistry
 
 from monitor.app import Runner
+from monitor.checkpoint import open_checkpointer
 from monitor.cli import UsageError
 from monitor.config import Settings
 from monitor.embedded import BrokerError, EmbeddedBroker, ensure_topics
+from monitor.http import serve_http
 from monitor.pipeline import Pipeline
 from monitor.sinks.files import ConsoleSink
 from monitor.sinks.kafka import KafkaSink
 from monitor.sources.kafka import KafkaSource
 from monitor.sources.simulated import SimulatorSource
+from monitor.telemetry import register_metrics
 
 if TYPE_CHECKING:
     from sim.run import Simulation
@@ -65,15 +69,24 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
         await ensure_topics(kafka)
         producer = AIOKafkaProducer(**kafka.client_kwargs(), linger_ms=10)
         source = KafkaSource(kafka)
+        pipeline = Pipeline(settings)
+        checkpointer = await open_checkpointer(source, pipeline, settings.checkpoint)
         sink = KafkaSink(kafka)
         await producer.start()
         await source.start()
         await sink.start()
         done = asyncio.Event()
         runner = Runner(
-            source, Pipeline(settings), [sink, ConsoleSink()],
-            dead_letters=sink.send_dead, stop_when_idle=done.is_set,
+            source, pipeline, [sink, ConsoleSink()],
+            dead_letters=sink.send_dead, stop_when_idle=done.is_set, checkpointer=checkpointer,
         )  # fmt: skip
+        registry = register_metrics(CollectorRegistry(), runner, source, checkpointer,
+                                    lambda: source.ready)  # fmt: skip
+        # Loopback only: the demo runs on a workstation.
+        http = await serve_http(settings.http_port, registry, lambda: source.ready, "127.0.0.1")
+        if http is not None:
+            print(f"flopwatch up: metrics on http://127.0.0.1:{http.port}/metrics",
+                  file=sys.stderr)  # fmt: skip
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runner.stop.set)
@@ -86,17 +99,20 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
 
         t0 = time.monotonic()
         feeder = asyncio.create_task(feed())
+        if args.duration:
+            # A stop, not a cancellation: the runner finishes its batch and checkpoints.
+            loop.call_later(args.duration, runner.stop.set)
         try:
-            if args.duration:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(runner.run(), args.duration)
-            else:
-                await runner.run()
+            await runner.run()
         finally:
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder
+            if http is not None:
+                await http.close()
             await source.close()
+            if checkpointer is not None:
+                await checkpointer.close()
             await sink.close()
             await producer.stop()
         c = runner.pipeline.counters

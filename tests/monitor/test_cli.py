@@ -144,3 +144,17 @@ def test_bad_environment_is_one_line(env: dict[str, str], needle: str, monkeypat
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert needle in err
+
+
+def test_unreachable_kafka_is_one_line_exit_2(monkeypatch, capsys) -> None:
+    """`flopwatch run` against a port where no broker listens: one line naming the address,
+    exit 2, no traceback and no unclosed-client warnings (filterwarnings=error)."""
+    from monitor.embedded import free_port  # noqa: PLC0415
+
+    where = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS", where)
+    monkeypatch.setenv("FLOPWATCH_HTTP_PORT", "0")
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"cannot start against Kafka at {where}" in err

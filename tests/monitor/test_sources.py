@@ -7,24 +7,12 @@ from pathlib import Path
 from monitor.app import Runner
 from monitor.config import Settings
 from monitor.pipeline import Pipeline
+from monitor.sinks.memory import ListSink
 from monitor.sources.file import RecordingSource, is_change_line
 from monitor.sources.simulated import SimulatorSource
 from monitor.wire import Alert
 from sim.recording import write_recording
 from sim.run import simulate
-
-
-class ListSink:
-    """Collects alerts in memory."""
-
-    def __init__(self) -> None:
-        self.alerts: list[Alert] = []
-
-    async def send(self, alerts) -> None:
-        self.alerts.extend(alerts)
-
-    async def close(self) -> None:
-        return None
 
 
 async def _alerts(source) -> list[Alert]:

@@ -1,0 +1,108 @@
+"""Daemon metrics: read from the live objects at scrape time, into an injected registry."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from factories import fleet, msg
+from prometheus_client import CollectorRegistry, generate_latest
+
+from monitor.app import Runner
+from monitor.config import Settings
+from monitor.pipeline import Pipeline
+from monitor.sinks.memory import ListSink
+from monitor.sources.base import RawMessage
+from monitor.telemetry import register_metrics
+from monitor.wire import Alert
+
+
+class ListSource:
+    """Yields fixed batches."""
+
+    def __init__(self, batches: list[list[RawMessage]]) -> None:
+        self._batches = batches
+
+    async def batches(self) -> AsyncIterator[list[RawMessage]]:
+        for b in self._batches:
+            yield b
+
+    async def commit(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class BrokenSink:
+    """Fails every send."""
+
+    name = "broken"
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        raise ConnectionError("down")
+
+    async def close(self) -> None:
+        return None
+
+
+NEGATIVE = json.dumps({"v": 1, "ts": 5.0, "window_s": 10, "device": "x",
+                       "layers": [{"type": "mlp", "busy_s": -1}]}).encode()  # fmt: skip
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+async def test_counters_follow_records_dead_letters_and_alerts() -> None:
+    """Known bad records show up by reason; good ones as accepted; alerts by sink and status."""
+    batches = fleet(70, regress_at=40, change_at=39)
+    batches[5] = [*batches[5], msg(b'{"v":1,"ts":'), msg(NEGATIVE), msg(NEGATIVE)]
+    sink = ListSink()
+    runner = Runner(ListSource(batches), Pipeline(Settings()), [sink])
+    registry = register_metrics(CollectorRegistry(), runner, ready=lambda: True)
+    assert _value(registry, "flopwatch_records_total", outcome="accepted") == 0
+    assert _value(registry, "flopwatch_dead_letters_total", reason="layers[0].busy_s") is None
+
+    await runner.run()
+
+    assert _value(registry, "flopwatch_records_total", outcome="accepted") == 70 * 32
+    assert _value(registry, "flopwatch_records_total", outcome="invalid") == 3
+    assert _value(registry, "flopwatch_dead_letters_total", reason="layers[0].busy_s") == 2
+    malformed = [s for m in registry.collect() if m.name == "flopwatch_dead_letters"
+                 for s in m.samples if s.labels["reason"].startswith("malformed JSON")]  # fmt: skip
+    assert [s.value for s in malformed] == [1]
+    assert _value(registry, "flopwatch_change_events_total") == 1
+    assert _value(registry, "flopwatch_streams", kind="device") == 32
+    assert _value(registry, "flopwatch_streams", kind="layer") == 64
+    assert _value(registry, "flopwatch_detector_state_bytes", partition="0") > 0
+    firing = [a for a in sink.alerts if a.status == "firing"]
+    assert firing
+    assert _value(registry, "flopwatch_alerts_sent_total", sink="list", status="firing") == len(
+        firing
+    )
+    last = firing[-1]
+    assert _value(registry, "flopwatch_alerts_firing", severity=last.severity,
+                  scope=last.scope.level) == 1  # fmt: skip
+    assert _value(registry, "flopwatch_incidents_open", paged="true", scope=last.scope.level) == 1
+    assert _value(registry, "flopwatch_watermark_seconds") == max(
+        runner.pipeline.partition_ts.values()
+    )
+    assert _value(registry, "flopwatch_ready") == 1
+    assert _value(registry, "flopwatch_checkpoint_writes_total") is None  # no checkpointer
+    text = generate_latest(registry).decode()
+    assert "# TYPE flopwatch_records_total counter" in text
+    assert "process_cpu_seconds_total" in text
+
+
+async def test_sink_errors_are_counted_per_sink() -> None:
+    """A failing sink stops the runner (nothing is committed) and is counted by name."""
+    runner = Runner(ListSource(fleet(70, regress_at=40, change_at=39)), Pipeline(Settings()),
+                    [ListSink(), BrokenSink()])  # fmt: skip
+    registry = register_metrics(CollectorRegistry(), runner)
+    with pytest.raises(ConnectionError):
+        await runner.run()
+    assert _value(registry, "flopwatch_sink_errors_total", sink="broken") == 1
+    assert _value(registry, "flopwatch_alerts_sent_total", sink="list", status="firing") == 1
+    assert _value(registry, "flopwatch_alerts_sent_total", sink="broken", status="firing") is None
