@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sim.py --json out/bench/sim.json
 	$(BIN)/python bench/detect.py --json out/bench/detect.json
 	$(BIN)/python bench/diagnose.py --json out/bench/diagnose.json
+	$(BIN)/python bench/checkpoint.py --json out/bench/checkpoint.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
