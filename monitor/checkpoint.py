@@ -51,11 +51,20 @@ it needs, from the beginning to their end offset (the embedded broker never
 compacts, so it may see many generations), and keeps per base key the newest
 complete checkpoints whose CRC matches; the caller tries them newest first and
 falls back to an older one, or to fresh state, when one cannot be restored.
+
+Authentication. Restoring a checkpoint unpickles it, so whoever can produce to the
+state topic could run code in the daemon. With `checkpoint.key` set, every chunk
+header carries an HMAC-SHA256 over the base key, checkpoint id, offsets, watermark
+and compressed bytes (so a checkpoint cannot be replayed under another partition's
+key either), and only checkpoints with a valid MAC are restored. Without a key the
+daemon warns at start; restrict produce ACLs on the state topic then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import math
 import struct
@@ -136,6 +145,27 @@ class _Header:
     offsets: dict[str, int]
     watermark: float | None
     created_at: float
+    mac: str | None
+
+
+def checkpoint_mac(
+    key: bytes,
+    base: str,
+    checkpoint_id: str,
+    offsets: Mapping[str, int],
+    watermark: float | None,
+    compressed: bytes,
+) -> str:
+    """HMAC-SHA256 (hex) binding a checkpoint's bytes to its key, id, offsets and watermark."""
+    meta = json.dumps(
+        {"base": base, "id": checkpoint_id, "offsets": dict(offsets), "watermark": watermark},
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
+    mac = hmac.new(key, meta, hashlib.sha256)
+    mac.update(b"\0")
+    mac.update(compressed)
+    return mac.hexdigest()
 
 
 def encode_chunks(
@@ -148,14 +178,17 @@ def encode_chunks(
     watermark: float | None,
     created_at: float,
     chunk_bytes: int,
+    mac_key: bytes | None = None,
 ) -> list[tuple[str, bytes]]:
-    """The (key, value) records of one checkpoint, chunk 0 first."""
+    """The (key, value) records of one checkpoint, chunk 0 first (signed with `mac_key`)."""
     n = max(1, math.ceil(len(compressed) / chunk_bytes))
     common: dict[str, Any] = {
         "id": checkpoint_id, "chunks": n, "size": len(compressed),
         "crc": zlib.crc32(compressed), "offsets": dict(offsets), "watermark": watermark,
         "created_at": created_at,
     }  # fmt: skip
+    if mac_key is not None:
+        common["mac"] = checkpoint_mac(mac_key, base, checkpoint_id, offsets, watermark, compressed)
     out = []
     for i in range(n):
         header = json.dumps({**common, "chunk": i}, separators=(",", ":")).encode()
@@ -181,7 +214,7 @@ def decode_chunk(value: bytes, index: int | None = None) -> tuple[_Header, bytes
             id=str(h["id"]), chunk=int(h["chunk"]), chunks=int(h["chunks"]), size=int(h["size"]),
             crc=int(h["crc"]), offsets={str(k): int(v) for k, v in h["offsets"].items()},
             watermark=None if h["watermark"] is None else float(h["watermark"]),
-            created_at=float(h["created_at"]),
+            created_at=float(h["created_at"]), mac=None if h.get("mac") is None else str(h["mac"]),
         )  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"bad header: {exc!r}") from None
@@ -203,8 +236,11 @@ class _Partial:
 class Assembler:
     """Reassembles checkpoints from state-topic records fed in log order (pure, no I/O)."""
 
-    def __init__(self, wanted: Collection[str] | None = None, keep: int = KEEP) -> None:
+    def __init__(
+        self, wanted: Collection[str] | None = None, keep: int = KEEP, mac_key: bytes | None = None
+    ) -> None:
         self.wanted = None if wanted is None else set(wanted)
+        self.mac_key = mac_key
         self.keep = keep
         self.rejected = 0
         # Highest chunk count seen per (base, slot): stale chunks to delete on the next write.
@@ -254,6 +290,14 @@ class Assembler:
         if len(blob) != h.size or zlib.crc32(blob) != h.crc:
             self._reject(record_key(base, part.slot, 0), "CRC or size mismatch after reassembly")
             return
+        if self.mac_key is not None:
+            want = checkpoint_mac(self.mac_key, base, h.id, h.offsets, h.watermark, blob)
+            if h.mac is None or not hmac.compare_digest(h.mac, want):
+                why = "unsigned" if h.mac is None else "MAC mismatch"
+                self._reject(
+                    record_key(base, part.slot, 0), f"{why}: not restored (checkpoint.key)"
+                )
+                return
         done = self._complete.setdefault(base, [])
         done.append(Checkpoint(base, h.id, part.slot, h.offsets, h.watermark, h.created_at, blob))
         del done[: -self.keep]
@@ -286,6 +330,7 @@ class CheckpointStore:
         self.topic = kafka.topics.state
         self.chunk_bytes = settings.chunk_bytes
         self.load_timeout_s = settings.load_timeout_s
+        self.mac_key = None if settings.key is None else settings.key.get_secret_value().encode()
         self.rejected = 0
         self._producer = AIOKafkaProducer(
             **kafka.client_kwargs(), acks="all", linger_ms=0,
@@ -311,6 +356,12 @@ class CheckpointStore:
                 "or set FLOPWATCH_CHECKPOINT__ENABLED=false"
             )
         self._partitions = len(parts)
+        if self.mac_key is None:
+            get_logger("checkpoint").warning(
+                "checkpoints are not authenticated: whoever can produce to the state topic "
+                "can run code here; set checkpoint.key or restrict the topic's produce ACLs",
+                topic=self.topic,
+            )
 
     async def close(self) -> None:
         """Flush and disconnect."""
@@ -335,7 +386,7 @@ class CheckpointStore:
         cid = uuid.uuid4().hex[:16]
         records = encode_chunks(
             base, compressed, checkpoint_id=cid, slot=slot, offsets=offsets, watermark=watermark,
-            created_at=time.time(), chunk_bytes=self.chunk_bytes,
+            created_at=time.time(), chunk_bytes=self.chunk_bytes, mac_key=self.mac_key,
         )  # fmt: skip
         part = self.partition_for(hint)
         stale = range(len(records), self._slot_chunks.get((base, slot), 0))
@@ -363,7 +414,7 @@ class CheckpointStore:
         """
         if not bases:
             return {}
-        asm = Assembler(bases.keys())
+        asm = Assembler(bases.keys(), mac_key=self.mac_key)
         tps = sorted({TopicPartition(self.topic, self.partition_for(h)) for h in bases.values()})
         consumer = AIOKafkaConsumer(
             **self.kafka.client_kwargs(), group_id=None, enable_auto_commit=False,

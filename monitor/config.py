@@ -165,6 +165,10 @@ class CheckpointSettings(_Frozen):
     load_timeout_s: float = Field(
         default=120.0, gt=0, description="give up reading the state topic after this long"
     )
+    key: SecretStr | None = Field(
+        default=None,
+        description="HMAC-SHA256 key: sign checkpoints and restore only signed ones",
+    )
 
 
 class HardwareEntry(_Frozen):

@@ -55,6 +55,7 @@ ALL_ON: dict[str, Any] = {
         "tls": {"existingSecret": "fw-kafka-tls", "caKey": "ca.crt", "certKey": "tls.crt",
                 "keyKey": "tls.key", "keyPasswordKey": "tls-key-password"},
     },
+    "checkpoint": {"existingSecret": "fw-checkpoint", "keyKey": "hmac"},
     "alertmanager": {
         "urls": ["http://alertmanager-0.am:9093", "http://alertmanager-1.am:9093"],
         "externalUrl": "https://grafana.example/d/flopwatch",
@@ -461,6 +462,8 @@ def test_all_on_values_load_into_settings(
     assert k.sasl_plain_password.get_secret_value() == "secret:fw-kafka-sasl/kafka-password"
     assert k.ssl_password is not None
     assert k.ssl_password.get_secret_value() == "secret:fw-kafka-tls/tls-key-password"
+    assert s.checkpoint.key is not None
+    assert s.checkpoint.key.get_secret_value() == "secret:fw-checkpoint/hmac"
     am = s.sinks.alertmanager
     assert am.urls == ALL_ON["alertmanager"]["urls"]
     assert am.external_url == ALL_ON["alertmanager"]["externalUrl"]
@@ -487,8 +490,9 @@ def test_secrets_are_never_inline(rendered: dict[str, list[Manifest]]) -> None:
     for docs in rendered.values():
         assert not [d for d in docs if d["kind"] == "Secret"]
         for item in daemon(docs)["env"]:
-            if any(w in item["name"] for w in ("PASSWORD", "SECRET", "TOKEN")):
-                assert "secretKeyRef" in item.get("valueFrom", {}), item["name"]
+            name = item["name"]
+            if any(w in name for w in ("PASSWORD", "SECRET", "TOKEN")) or name.endswith("__KEY"):
+                assert "secretKeyRef" in item.get("valueFrom", {}), name
 
 
 def test_values_schema_enums_match_settings(chart: helm.Chart) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import struct
 import zlib
 
 import pytest
@@ -155,5 +157,84 @@ async def test_store_round_trip_on_broker(broker: EmbeddedBroker) -> None:
             assert again["g/s/2"][0].offsets == {"s/2": 40}
         finally:
             await fresh.close()
+    finally:
+        await store.close()
+
+
+def _signed(payload: bytes, key: bytes | None, base: str = "g/s/0", cid: str = "a"):
+    return encode_chunks(
+        base, zlib.compress(payload), checkpoint_id=cid, slot=0, offsets={"s/0": 7},
+        watermark=1.5, created_at=2.5, chunk_bytes=100, mac_key=key,
+    )  # fmt: skip
+
+
+def _assemble(records, key: bytes | None) -> tuple[dict, int]:
+    asm = Assembler(mac_key=key)
+    for k, v in records:
+        asm.feed(k.encode(), v)
+    return asm.result(), asm.rejected
+
+
+def test_with_a_key_only_checkpoints_signed_with_it_are_restored() -> None:
+    """checkpoint.key: a checkpoint signed with the key is restored; one signed with another
+    key, an unsigned one, and one whose bytes were altered (CRC fixed up) are rejected."""
+    payload = _payload(450, 3)
+    got, rejected = _assemble(_signed(payload, b"k1"), b"k1")
+    assert [cp.payload() for cp in got["g/s/0"]] == [payload]
+    assert rejected == 0
+    for records in (_signed(payload, b"k2"), _signed(payload, None)):
+        got, rejected = _assemble(records, b"k1")
+        assert got == {}
+        assert rejected == 1
+    # Forge: same header (MAC included), other bytes, CRC and size recomputed to match.
+    forged_blob = zlib.compress(_payload(450, 4))
+    genuine = _signed(payload, b"k1")
+    header = json.loads(genuine[0][1][10 : 10 + struct.unpack_from(">I", genuine[0][1], 6)[0]])
+    forged = encode_chunks(
+        "g/s/0", forged_blob, checkpoint_id="a", slot=0, offsets={"s/0": 7}, watermark=1.5,
+        created_at=2.5, chunk_bytes=100, mac_key=b"attacker",
+    )  # fmt: skip
+    patched = []
+    for k, v in forged:
+        n = struct.unpack_from(">I", v, 6)[0]
+        h = json.loads(v[10 : 10 + n])
+        h["mac"] = header["mac"]
+        hb = json.dumps(h, separators=(",", ":")).encode()
+        patched.append((k, v[:6] + struct.pack(">I", len(hb)) + hb + v[10 + n :]))
+    got, rejected = _assemble(patched, b"k1")
+    assert got == {}
+    assert rejected == 1
+
+
+def test_a_signed_checkpoint_cannot_be_replayed_under_another_partition() -> None:
+    """The MAC binds the base key: partition 0's checkpoint copied to partition 1's keys is
+    rejected."""
+    records = _signed(_payload(300, 5), b"k1", base="g/s/0")
+    moved = [(k.replace("g/s/0", "g/s/1", 1), v) for k, v in records]
+    got, rejected = _assemble(moved, b"k1")
+    assert got == {}
+    assert rejected == 1
+
+
+async def test_signed_store_round_trip_on_broker(broker: EmbeddedBroker) -> None:
+    """With checkpoint.key set, the store signs what it writes and restores it; a store with
+    another key restores nothing and counts the records as rejected."""
+    settings = isolated_settings(broker)
+    await ensure_topics(settings.kafka)
+    signed = CheckpointSettings(chunk_bytes=1024, key="s3cret")
+    store = CheckpointStore(settings.kafka, signed)
+    await store.start()
+    try:
+        data = _payload(3000, 7)
+        await store.write("g/s/1", data, offsets={"s/1": 5}, watermark=1.0, hint=1)
+        found = await store.load({"g/s/1": 1})
+        assert [cp.payload() for cp in found["g/s/1"]] == [data]
+        other = CheckpointStore(settings.kafka, CheckpointSettings(chunk_bytes=1024, key="x"))
+        await other.start()
+        try:
+            assert await other.load({"g/s/1": 1}) == {}
+            assert other.rejected == 1
+        finally:
+            await other.close()
     finally:
         await store.close()
