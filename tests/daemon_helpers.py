@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from kafka_helpers import isolated_settings
 from prometheus_client import CollectorRegistry
 
@@ -20,7 +19,6 @@ from monitor.embedded import EmbeddedBroker
 from monitor.http import HttpServer
 from monitor.pipeline import Pipeline
 from monitor.sinks.memory import ListSink
-from monitor.sources.base import RawMessage
 from monitor.sources.kafka import KafkaSource
 from monitor.telemetry import register_metrics
 
@@ -111,18 +109,3 @@ async def until(cond: Callable[[], bool], what: str, within: float = 30.0) -> No
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-async def produce(settings: Settings, batches: list[list[RawMessage]]) -> None:
-    """Send the factory's batches to the settings' topics and wait for the acks."""
-    t = settings.kafka.topics
-    p = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, linger_ms=5)
-    await p.start()
-    try:
-        for batch in batches:
-            for m in batch:
-                topic = t.changes if m.topic == "flopwatch.changes" else t.samples
-                await p.send(topic, key=m.key, value=m.value)
-        await p.flush()
-    finally:
-        await p.stop()

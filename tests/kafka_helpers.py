@@ -7,6 +7,7 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable
 
+from aiokafka import AIOKafkaProducer
 from conftest import Kcat
 
 from monitor.app import Runner
@@ -14,6 +15,7 @@ from monitor.config import KafkaSettings, Settings, Topics
 from monitor.embedded import EmbeddedBroker, ensure_topics
 from monitor.pipeline import Pipeline
 from monitor.sinks.kafka import KafkaSink
+from monitor.sources.base import RawMessage
 from monitor.sources.kafka import KafkaSource
 
 
@@ -61,3 +63,18 @@ async def run_daemon(settings: Settings, produce: Callable[[], Awaitable[None]])
         await source.close()
         await sink.close()
     return pipeline
+
+
+async def produce(settings: Settings, batches: list[list[RawMessage]]) -> None:
+    """Send the factory's batches to the settings' topics and wait for the acks."""
+    t = settings.kafka.topics
+    p = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, linger_ms=5)
+    await p.start()
+    try:
+        for batch in batches:
+            for m in batch:
+                topic = t.changes if m.topic == "flopwatch.changes" else t.samples
+                await p.send(topic, key=m.key, value=m.value)
+        await p.flush()
+    finally:
+        await p.stop()

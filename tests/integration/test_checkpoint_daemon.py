@@ -6,8 +6,9 @@ import asyncio
 import time
 
 import pytest
-from daemon_helpers import DEVICES, Daemon, fast_settings, produce, until
+from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet
+from kafka_helpers import produce
 
 from monitor.config import Settings
 from monitor.embedded import EmbeddedBroker, ensure_topics

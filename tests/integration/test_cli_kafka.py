@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from conftest import Kcat
 from factories import fleet
-from kafka_helpers import isolated_settings, kcat_read
+from kafka_helpers import isolated_settings, kcat_read, produce
 
 from monitor.config import Settings
 from monitor.embedded import EmbeddedBroker, ensure_topics
@@ -42,17 +41,7 @@ def _env(settings: Settings) -> dict[str, str]:
 
 async def _produce(settings: Settings, windows: int) -> None:
     await ensure_topics(settings.kafka)
-    t = settings.kafka.topics
-    p = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, linger_ms=5)
-    await p.start()
-    try:
-        for batch in fleet(windows, regress_at=45, change_at=44):
-            for m in batch:
-                topic = t.changes if m.topic == "flopwatch.changes" else t.samples
-                await p.send(topic, key=m.key, value=m.value)
-        await p.flush()
-    finally:
-        await p.stop()
+    await produce(settings, fleet(windows, regress_at=45, change_at=44))
 
 
 def test_flopwatch_run_publishes_alert_and_stops_on_sigterm(

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from daemon_helpers import DEVICES, Daemon, fast_settings, produce, until
+from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet, msg
-from kafka_helpers import isolated_settings
+from kafka_helpers import isolated_settings, produce
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.embedded import EmbeddedBroker, ensure_topics, free_port
