@@ -340,7 +340,7 @@ class CheckpointStore:
         self._slot: dict[str, int] = {}
         self._slot_chunks: dict[tuple[str, int], int] = {}
 
-    async def start(self) -> None:
+    async def start(self, *, warn_unsigned: bool = True) -> None:
         """Connect and check that the state topic exists (CheckpointError if not)."""
         try:
             await self._producer.start()
@@ -356,7 +356,7 @@ class CheckpointStore:
                 "or set FLOPWATCH_CHECKPOINT__ENABLED=false"
             )
         self._partitions = len(parts)
-        if self.mac_key is None:
+        if self.mac_key is None and warn_unsigned:
             get_logger("checkpoint").warning(
                 "checkpoints are not authenticated: whoever can produce to the state topic "
                 "can run code here; set checkpoint.key or restrict the topic's produce ACLs",
@@ -690,11 +690,19 @@ class Checkpointer:
 
 
 async def open_checkpointer(
-    source: KafkaSource, pipeline: Pipeline, settings: CheckpointSettings
+    source: KafkaSource,
+    pipeline: Pipeline,
+    settings: CheckpointSettings,
+    *,
+    private_broker: bool = False,
 ) -> Checkpointer | None:
-    """A started checkpointer hooked into `source`, or None when checkpoints are disabled."""
+    """A started checkpointer hooked into `source`, or None when checkpoints are disabled.
+
+    `private_broker`: the embedded loopback broker of `up`, which nobody else can write
+    to, so unsigned checkpoints are not worth a warning there.
+    """
     if not settings.enabled:
         return None
     store = CheckpointStore(source.kafka, settings)
-    await store.start()
+    await store.start(warn_unsigned=not private_broker)
     return Checkpointer(source, pipeline, store, settings)

@@ -70,7 +70,9 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
         producer = AIOKafkaProducer(**kafka.client_kwargs(), linger_ms=10)
         source = KafkaSource(kafka)
         pipeline = Pipeline(settings)
-        checkpointer = await open_checkpointer(source, pipeline, settings.checkpoint)
+        checkpointer = await open_checkpointer(
+            source, pipeline, settings.checkpoint, private_broker=broker is not None
+        )
         sink = KafkaSink(kafka)
         await producer.start()
         await source.start()

@@ -238,3 +238,20 @@ async def test_signed_store_round_trip_on_broker(broker: EmbeddedBroker) -> None
             await other.close()
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "warn", "expected"), [(None, True, 1), (None, False, 0), ("k", True, 0)]
+)
+async def test_unsigned_checkpoints_warn_at_start(
+    broker: EmbeddedBroker, key: str | None, warn: bool, expected: int
+) -> None:
+    """Without checkpoint.key the store warns once at start (not for `up`'s private broker)."""
+    settings = isolated_settings(broker)
+    await ensure_topics(settings.kafka)
+    store = CheckpointStore(settings.kafka, CheckpointSettings(key=key))
+    with capture_logs() as logs:
+        await store.start(warn_unsigned=warn)
+    await store.close()
+    warned = [e for e in logs if "not authenticated" in e["event"]]
+    assert len(warned) == expected
