@@ -94,6 +94,12 @@ class DetectorSettings(_Frozen):
     )
     load_aware: bool = Field(default=True, description="detect on y / expected-given-load")
     load_forget: float = Field(default=0.99, gt=0, le=1, description="load model memory/window")
+    load_min_support: float = Field(
+        default=5.0,
+        ge=0,
+        description="windows of data the load model needs at a load before its ratios are "
+        "judged (0 = always); fewer = extrapolation, e.g. a pool's first burst",
+    )
     stream_ttl_s: float = Field(default=3600.0, gt=0, description="expire silent streams after")
 
     @model_validator(mode="after")

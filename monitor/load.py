@@ -27,8 +27,12 @@ LOAD_SENSITIVE = frozenset({
 class LoadAdjuster:
     """Turns a wave's value matrix into load-normalised ratios, column by column."""
 
-    def __init__(self, columns: tuple[str, ...], forget: float = 0.99) -> None:
+    def __init__(
+        self, columns: tuple[str, ...], forget: float = 0.99, min_support: float = 0.0
+    ) -> None:
         self.columns = columns
+        self.min_support = float(min_support)
+        self.extrapolated = 0  # samples withheld from detection: load outside the model's data
         self.models = {
             i: LoadModel(3, forget=forget) for i, m in enumerate(columns) if m in LOAD_SENSITIVE
         }
@@ -46,7 +50,19 @@ class LoadAdjuster:
             ok = np.isfinite(y)
             exp = np.full(y.shape, np.nan)
             if ok.any():
-                exp[ok] = model.update(groups[ok], feats[ok], y[ok])
+                g, f = groups[ok], feats[ok]
+                if self.min_support > 0:
+                    # The first windows at a load the model has not seen (a pool's first
+                    # burst) are extrapolation: the ratio would measure the model's error,
+                    # not the device. Withhold them from detection (NaN) but learn from them.
+                    novel = model.support(g, f) < self.min_support
+                    exp_ok = model.update(g, f, y[ok])
+                    novel &= np.isfinite(exp_ok)
+                    exp_ok[novel] = np.nan
+                    self.extrapolated += int(novel.sum())
+                    exp[ok] = exp_ok
+                else:
+                    exp[ok] = model.update(g, f, y[ok])
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratios[:, col] = np.where(exp > 0, y / exp, np.nan)
             expected[:, col] = exp

@@ -129,12 +129,20 @@ class Pipeline:
                 StreamTable(self.catalog, ttl_s=d.stream_ttl_s),
                 make_detector(self.settings, len(LAYER_METRICS)),
                 make_detector(self.settings, len(DEVICE_METRICS)),
-                LoadAdjuster(LAYER_METRICS, d.load_forget) if d.load_aware else None,
-                LoadAdjuster(DEVICE_METRICS, d.load_forget) if d.load_aware else None,
+                LoadAdjuster(LAYER_METRICS, d.load_forget, d.load_min_support)
+                if d.load_aware
+                else None,
+                LoadAdjuster(DEVICE_METRICS, d.load_forget, d.load_min_support)
+                if d.load_aware
+                else None,
                 make_detector(self.settings, len(LAYER_METRICS)),
                 make_detector(self.settings, len(DEVICE_METRICS)),
-                LoadAdjuster(LAYER_METRICS, d.load_forget) if d.load_aware else None,
-                LoadAdjuster(DEVICE_METRICS, d.load_forget) if d.load_aware else None,
+                LoadAdjuster(LAYER_METRICS, d.load_forget, d.load_min_support)
+                if d.load_aware
+                else None,
+                LoadAdjuster(DEVICE_METRICS, d.load_forget, d.load_min_support)
+                if d.load_aware
+                else None,
             )
             self.partitions[p] = st
         return st
@@ -324,7 +332,9 @@ class Pipeline:
                 vals = values[wave]
                 scale = None
                 if adjuster is not None:
+                    withheld = adjuster.extrapolated
                     vals, scale = adjuster.adjust(groups[wave], load[wave], vals)
+                    self.counters["load_extrapolated"] += adjuster.extrapolated - withheld
                     if norm is not None:
                         norm[wave] = vals
                 det = detector.update(rows[wave], ts[wave], vals)

@@ -117,6 +117,12 @@ class DaemonCollector(Collector):
         points.add_metric(["true"], c["change_points"])
         points.add_metric(["false"], c["change_points_immaterial"])
         yield points
+        yield _counter(
+            "flopwatch_load_extrapolated_total",
+            "Samples withheld from detection because the load model had too little data at "
+            "their load (e.g. a pool's first burst); see detector.load_min_support.",
+            c["load_extrapolated"],
+        )
         yield _counter("flopwatch_alert_records_total", "Alert records produced (firing, "
                        "updates and resolutions).", c["alerts_out"])  # fmt: skip
 

@@ -116,6 +116,35 @@ class LoadModel:
         so feed the detector ``y / expected`` (or ``y - expected``), not residual + level."""
         return self._level[np.asarray(groups, dtype=np.int64)].copy()
 
+    def support(self, groups: I64, features: F64) -> F64:
+        """Per sample: how many calls' worth of data the model holds at its group's mean load.
+
+        One over the leverage of the group's mean design row in this call, in units of the
+        group's samples in this call: about the model's memory in steady load, about 1 the
+        first time the load moves somewhere new (a burst). Predictions there extrapolate.
+        """
+        groups = np.asarray(groups, dtype=np.int64)
+        n = groups.size
+        if n == 0:
+            return np.zeros(0)
+        self._grow(int(groups.max()) + 1)
+        x = self._design(features, n)
+        touched, inv = np.unique(groups, return_inverse=True)
+        count = np.bincount(inv).astype(np.float64)
+        sums = np.stack([np.bincount(inv, x[:, j]) for j in range(self.p)], axis=1)
+        x_mean: F64 = sums / count[:, None]
+        a_reg = self._regularised(self._a[touched])
+        lev = np.einsum("gp,gp->g", x_mean, np.linalg.solve(a_reg, x_mean[:, :, None])[:, :, 0])
+        out: F64 = 1.0 / np.maximum(lev * count, 1e-300)
+        return out[inv]
+
+    def _regularised(self, a: F64) -> F64:
+        """Levenberg-style ridge: relative to each diagonal, so feature units do not matter."""
+        diag = np.einsum("gii->gi", a)
+        reg = self.ridge * diag + 1e-12 * (1.0 + diag.max(axis=1, keepdims=True))
+        out: F64 = a + reg[:, :, None] * np.eye(self.p)
+        return out
+
     def residual_sigma(self, groups: I64) -> F64:
         """Robust residual scale per group (0 before it is known)."""
         return self._rabs[np.asarray(groups, dtype=np.int64)] * _ABS_TO_SIGMA
@@ -172,11 +201,7 @@ class LoadModel:
         a = lam * self._a[touched] + xtx
         b = lam * self._b[touched] + xty
         self._a[touched], self._b[touched] = a, b
-        # Levenberg-style ridge: relative to each diagonal, so feature units do not matter.
-        diag = np.einsum("gii->gi", a)
-        reg = self.ridge * diag + 1e-12 * (1.0 + diag.max(axis=1, keepdims=True))
-        a_reg = a + reg[:, :, None] * np.eye(self.p)
-        self._theta[touched] = np.linalg.solve(a_reg, b[:, :, None])[:, :, 0]
+        self._theta[touched] = np.linalg.solve(self._regularised(a), b[:, :, None])[:, :, 0]
 
         # Residual scale and level: EW per call, weighted means within the call.
         mean_abs = np.add.reduceat((w * np.abs(resid))[order], starts) / wsum
