@@ -171,9 +171,15 @@ class BankCusum:
         self._dclip = self.clip * (1.0 + self.ar_max)  # bound on raw deviations, sigma units
         self._ns_max = max(self.scale_window, self.ar_window)
         self._youth_until = math.ceil(32.0 * self.youth)  # the shrink is < 3% from here on
-        cnt = np.maximum(np.arange(self._ns_max + 1, dtype=np.float64), 1.0)
+        # 1 / count up to the longest window: the level's count runs to baseline_window.
+        longest = max(self._ns_max, self.baseline_window)
+        cnt = np.maximum(np.arange(longest + 1, dtype=np.float64), 1.0)
         self._inv_n32 = (1.0 / cnt).astype(np.float32)
         self._ar_pad32 = (self.ar_margin / np.sqrt(cnt)).astype(np.float32)
+        # Tables cut at a window, looked up with mode="clip": min(count, window) for free.
+        self._inv_scale32 = self._inv_n32[: self.scale_window + 1]
+        self._inv_ar32 = self._inv_n32[: self.ar_window + 1]
+        self._pad_ar32 = self._ar_pad32[: self.ar_window + 1]
         ages = np.maximum(np.arange(self._youth_until + 1, dtype=np.float64), 1.0)
         self._youth_u = np.clip(1.0 - self.youth / ages, 0.0, 1.0).astype(np.float32)
         self._youth_u[-1] = 1.0
@@ -301,7 +307,8 @@ class BankCusum:
             raise ValueError("row ids must be >= 0")
         top = int(rows.max()) + 1
         self._grow(top)
-        if n > 1 and not bool(np.all(np.diff(rows) > 0)) and top <= 4 * n + 1024:
+        ascending = n == 1 or bool(np.all(np.diff(rows) > 0))
+        if not ascending and top <= 4 * n + 1024:
             # Arrival order is arbitrary; a counting sort (rows are unique within a wave)
             # costs far less than the gather path it avoids.
             slot = np.full(top, -1, dtype=np.int64)
@@ -309,23 +316,32 @@ class BankCusum:
             order = slot[slot >= 0]
             if order.size == n:
                 rows, ts, values = rows[order], ts[order], values[order]
+                ascending = True
         fin = np.isfinite(values)
-        if n == 1 or bool(np.all(np.diff(rows) > 0)):
+        if ascending:
             lo, hi = int(rows[0]), int(rows[-1]) + 1
             span = (hi - lo) * k
             sel = slice(lo * k, hi * k)
             if span == n * k and bool(fin.all()):
                 # The dense wave: every stream of a block reported. Views, no gathers.
                 return self._step(sel, values.reshape(-1), ts if k == 1 else np.repeat(ts, k))
-            if int(fin.sum()) * 2 >= span:
+            if np.count_nonzero(fin) * 2 >= span:
                 # Mostly dense (sorted rows, some cells missing): run the whole block as
                 # views and leave the absent cells' state exactly as it was.
-                pos = ((rows - lo)[:, None] * k + np.arange(k)).reshape(-1)
-                x = np.full(span, np.nan)
-                x[pos] = values.reshape(-1)
-                t = np.full(span, np.nan)
-                t[pos] = np.repeat(ts, k)
-                return self._step(sel, x, t, np.flatnonzero(np.isnan(x)))
+                if span == n * k:
+                    # Every row of the block reported: the values are already in place.
+                    x = values.reshape(-1)
+                    t = np.repeat(ts, k)
+                    absent = np.flatnonzero(np.isnan(x))
+                    t[absent] = np.nan  # as in the scatter below: a missing cell has no time
+                else:
+                    pos = ((rows - lo)[:, None] * k + np.arange(k)).reshape(-1)
+                    x = np.full(span, np.nan)
+                    x[pos] = values.reshape(-1)
+                    t = np.full(span, np.nan)
+                    t[pos] = np.repeat(ts, k)
+                    absent = np.flatnonzero(np.isnan(x))
+                return self._step(sel, x, t, absent)
         cells = (rows[:, None] * k + np.arange(k))[fin]
         if cells.size == 0:
             return Detections.empty()
@@ -343,14 +359,19 @@ class BankCusum:
         """Ring bookkeeping and burn-in for one wave's cells; the rest in `_active`.
 
         `absent` (positions within a slice) are cells not in the wave: they ride along
-        like burning cells and get their state restored afterwards, bit for bit.
+        like burning cells, and their count, ring slot and ring position stay as they are.
         """
         s, hist = self._s, self.history
         dense = isinstance(sel, slice)
-        saved = None
-        if absent is not None and absent.size and isinstance(sel, slice):
-            saved = self._save(sel.start + absent)
-        n_new = _get(s["n"], sel) + 1
+        holes = absent if dense and absent is not None and absent.size else None
+        here = None  # mask of the cells present, when some are absent
+        n_new = _get(s["n"], sel)
+        if holes is None:
+            n_new = n_new + 1
+        else:
+            here = np.ones(x.size, dtype=np.bool_)
+            here[holes] = False
+            n_new = n_new + here
         if int(n_new.max()) > _N_MAX:
             np.minimum(n_new, _N_MAX, out=n_new)
         s["n"][sel] = n_new
@@ -358,20 +379,41 @@ class BankCusum:
         p0 = int(pos[0])
         if dense and bool((pos == p0).all()):
             # Cells in lockstep: the ring slot is one row slice.
-            xl = self._ring[p0, sel].astype(np.float64)
-            self._ring[p0, sel] = x
-            self._tring[p0, sel] = t
-            s["pos"][sel] = (p0 + 1) % hist
+            row, trow = self._ring[p0, sel], self._tring[p0, sel]
+            xl = row.astype(np.float64)
+            keep = None if holes is None else (row[holes], trow[holes])
+            row[...] = x
+            trow[...] = t
+            pos[...] = (p0 + 1) % hist
+            if keep is not None:
+                row[holes], trow[holes] = keep
+                pos[holes] = p0
         else:
-            flat = pos.astype(np.int64) * self._ring.shape[1] + _cells_of(sel)
+            # Slots scattered over the ring's rows (cells that missed windows fell behind):
+            # nearly every slot is a cache line of its own, so this costs about as much as
+            # the rest of the wave. Touch each slot once, and cast before scattering (a
+            # casting scatter is twice as slow).
             ring, tring = self._ring.reshape(-1), self._tring.reshape(-1)
-            xl = np.take(ring, flat).astype(np.float64)
-            ring[flat] = x
-            tring[flat] = t
-            pos += 1
-            pos[pos == hist] = 0
-            s["pos"][sel] = pos
-        burn = None if saved is None else absent
+            flat = pos * np.int64(self._ring.shape[1])
+            flat += _cells_of(sel)
+            if here is None:
+                xl = np.take(ring, flat).astype(np.float64)
+                ring[flat] = x.astype(np.float32)
+                tring[flat] = t
+                pos += 1
+            else:
+                # Absent cells' slots are neither written nor even read.
+                at = np.flatnonzero(here)
+                flat = np.take(flat, at)
+                xl = np.full(x.size, np.nan)
+                xl[at] = np.take(ring, flat).astype(np.float64)
+                ring[flat] = np.take(x, at).astype(np.float32)
+                tring[flat] = np.take(t, at)
+                pos += here
+            pos *= pos != hist  # wrap around
+            if not dense:
+                s["pos"][sel] = pos
+        burn = holes
         if int(n_new.min()) <= self.burn_in:
             # Cells still burning in ride along with z = 0 and no baseline update, so the
             # wave keeps its fast layout; those completing burn-in get their baseline now.
@@ -384,26 +426,7 @@ class BankCusum:
             burning_at = np.flatnonzero(burning)
             # Disjoint from the absent cells (masked above), so a plain concatenation.
             burn = burning_at if burn is None else np.concatenate([burn, burning_at])
-        out = self._active(sel, x, t, xl, n_new, burn)
-        if saved is not None:
-            self._load(saved)
-        return out
-
-    def _save(self, cells: I64) -> dict[str, Any]:
-        """The state a wave touches even for cells riding along (absent cells of a block)."""
-        pos = self._s["pos"][cells].astype(np.int64)
-        return {
-            "cells": cells, "slot": pos, "n": self._s["n"][cells], "pos": pos.astype(np.int32),
-            "ring": self._ring[pos, cells], "tring": self._tring[pos, cells],
-        }  # fmt: skip
-
-    def _load(self, saved: dict[str, Any]) -> None:
-        """Put back what `_save` took."""
-        cells, slot = saved["cells"], saved["slot"]
-        self._s["n"][cells] = saved["n"]
-        self._s["pos"][cells] = saved["pos"]
-        self._ring[slot, cells] = saved["ring"]
-        self._tring[slot, cells] = saved["tring"]
+        return self._active(sel, x, t, xl, n_new, burn)
 
     def _active(
         self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
@@ -439,29 +462,35 @@ class BankCusum:
         dprev[...] = dz
         if self.youth > 0 and int(n.min()) < self._youth_until:
             # A young baseline is uncertain: shrink the evidence until it matures.
-            z *= np.take(self._youth_u, np.minimum(n, self._youth_until))
+            z *= np.take(self._youth_u, n, mode="clip")
 
         # Bank (float32: the statistics need no more precision).
         bank, run = _get(self._bank, sel), _get(self._run, sel)
         nb_min = int(nb.min())
         fire = False
         h32 = np.float32(self.h)
-        run_keep = None if burn is None else run[:, burn]
+        live: F32 | None = None
+        idle: npt.NDArray[np.bool_] | None = None
+        if burn is not None:
+            # Cells riding along (z = 0 there) get half = 0 too, so their steps are +0 and
+            # their statistics stay as they were: one product per member instead of two
+            # writes through `burn`.
+            live = np.ones(size, dtype=np.float32)
+            live[burn] = 0.0
+            idle = live == 0.0
         for j, dj in enumerate(self.shifts):
-            half = np.float32(0.5 * dj * dj)
+            half32 = np.float32(0.5 * dj * dj)
+            half = half32 if live is None else live * half32
             up, dn = bank[2 * j], bank[2 * j + 1]
             dz_j = z * np.float32(dj)
             a_up = dz_j - half  # delta*z - delta²/2: one window's log-likelihood ratio
             a_dn = dz_j
             a_dn += half  # delta*z + delta²/2 = -(the down side's LLR)
-            if dj * c - half > self.step_cap:
+            if dj * c - half32 > self.step_cap:
                 # Huber's censored likelihood ratio: no window adds more than step_cap,
                 # so a run of heavy-tailed outliers needs more windows to alarm.
                 np.minimum(a_up, self._buf("cap", size, self.step_cap), out=a_up)
                 np.maximum(a_dn, self._buf("ncap", size, -self.step_cap), out=a_dn)
-            if burn is not None:
-                a_up[burn] = 0.0  # cells not (yet) detecting keep their statistics
-                a_dn[burn] = 0.0
             up += a_up
             np.maximum(up, zeros, out=up)
             dn -= a_dn
@@ -472,12 +501,15 @@ class BankCusum:
                 dn *= ripe
             if j == 0:
                 # Run lengths of the smallest member: the onset of a shift too slow for the ring.
-                run += np.float32(1.0)
-                run[0] *= up > 0
-                run[1] *= dn > 0
+                if live is None or idle is None:
+                    run += np.float32(1.0)
+                    run[0] *= up > 0
+                    run[1] *= dn > 0
+                else:
+                    run += live  # riding cells: + 0, then * True
+                    run[0] *= (up > 0) | idle
+                    run[1] *= (dn > 0) | idle
             fire = fire or bool(up.max() > h32) or bool(dn.max() > h32)
-        if run_keep is not None:
-            run[:, burn] = run_keep
         if not dense:
             for j in range(bank.shape[0]):
                 self._bank[j][sel] = bank[j]
@@ -488,36 +520,59 @@ class BankCusum:
         if burn is not None:
             w[burn] = False
         all_w = bool(w.all())
+        # Positions, not a mask: writes through a scattered boolean mask are slow.
+        off = None if all_w else np.flatnonzero(~w)
         rl64 = xl - mu
-        if not all_w:
-            rl64[~w] = 0.0
+        if off is not None:
+            rl64[off] = 0.0
         rl64 /= sig
         rl = rl64.astype(np.float32)
         np.clip(rl, -self._dclip, self._dclip, out=rl)
-        if all_w and nb_min >= self.baseline_window:
-            a_b: F32 | float = 1.0 / self.baseline_window
+        bw = self.baseline_window
+        if all_w and nb_min >= bw:
+            a_b: F32 | float = 1.0 / bw
+        elif nb_min >= bw:
+            # Every level already rests on its window: one weight, masked, no lookups.
+            a_b = w * self._inv_n32[bw]
+            if int(nb.max()) > bw:
+                s["nb"][sel] = bw
         else:
-            nb = np.minimum(nb + w, self.baseline_window).astype(np.int32)
+            np.add(nb, w, out=nb)
+            np.minimum(nb, bw, out=nb)
             ab = np.take(self._inv_n32, nb)  # 1 / count: a running mean until the window
             if not all_w:
                 ab *= w
             a_b = ab
-            s["nb"][sel] = nb
-        ns_sat = all_w and int(ns.min()) >= self._ns_max
+            if not dense:
+                s["nb"][sel] = nb
+        ns_min, ns_max = int(ns.min()), self._ns_max
+        ns_sat = all_w and ns_min >= ns_max
         if ns_sat:
             a_s: F32 | float = 1.0 / self.scale_window
             a_p: F32 | float = 1.0 / self.ar_window
-            n_ar: I32 | None = None
+        elif ns_min >= ns_max:
+            # Saturated but for absent cells: the same weights as below, without lookups.
+            if int(ns.max()) > ns_max:
+                s["ns"][sel] = ns_max
+            inv32: F32 | np.float32 = self._inv_n32[self.ar_window]
+            pad: F32 | np.float32 = self._ar_pad32[self.ar_window]
+            a_p = w * inv32
+            a_s = w * self._inv_n32[self.scale_window]
         else:
-            ns = np.minimum(ns + w, self._ns_max).astype(np.int32)
-            s["ns"][sel] = ns
-            as_ = np.take(self._inv_n32, np.minimum(ns, self.scale_window))
-            n_ar = np.minimum(ns, self.ar_window).astype(np.int32)
-            ap = np.take(self._inv_n32, n_ar)
-            if not all_w:
-                as_ *= w
-                ap *= w
-            a_s, a_p = as_, ap
+            np.add(ns, w, out=ns)
+            np.minimum(ns, ns_max, out=ns)
+            if not dense:
+                s["ns"][sel] = ns
+            inv32 = np.take(self._inv_ar32, ns, mode="clip")  # 1 / min(ns, ar_window)
+            pad = np.take(self._pad_ar32, ns, mode="clip")
+            a_p = inv32 if all_w else inv32 * w
+            sw, aw = self.scale_window, self.ar_window
+            if sw == aw or int(ns.max()) <= min(sw, aw):
+                a_s = a_p  # min(ns, scale_window) == min(ns, ar_window): the same weights
+            else:
+                a_s = np.take(self._inv_scale32, ns, mode="clip")
+                if not all_w:
+                    a_s *= w
         step = sig * rl
         step *= a_b
         mu += step
@@ -550,22 +605,21 @@ class BankCusum:
         est = c1 / (c0 + _EPS32)
         # Use a bias-corrected upper confidence bound on phi: over-whitening costs a
         # little power, under-whitening costs false pages.
-        if n_ar is None:
+        if ns_sat:
             inv = np.float32(1.0 / self.ar_window)
             est *= 1.0 + 3.0 * inv
             est += inv + np.float32(self.ar_margin) * np.sqrt(inv)
         else:
-            inv32 = np.take(self._inv_n32, n_ar)
             est += (1.0 + 3.0 * est) * inv32
-            est += np.take(self._ar_pad32, n_ar)
+            est += pad
         np.clip(est, 0.0, self.ar_max, out=est)
         if burn is not None:
             est[burn] = phi[burn]  # recomputing could differ in the last bit: keep it
         phi[...] = est
-        if all_w:
-            lprev[...] = rl
-        else:
-            lprev[w] = rl[w]
+        keep = None if off is None else lprev[off]
+        lprev[...] = rl
+        if keep is not None:
+            lprev[off] = keep
         if not dense:
             for name, arr in (("mu", mu), ("sig", sig), ("phi", phi), ("c0", c0), ("c1", c1)):
                 s[name][sel] = arr
@@ -598,13 +652,14 @@ class BankCusum:
         np.sqrt(m, out=m)  # innovation sigmas -> marginal sigmas of the level
         m *= dz
         j32 = np.float32(self.jump)
-        new = np.maximum(jr, np.float32(0.0))
-        new += np.float32(1.0)
-        new *= m > j32
-        down = np.minimum(jr, np.float32(0.0))
-        down -= np.float32(1.0)
-        down *= m < -j32
-        new += down
+        # Windows beyond the bound are rare: extend those runs; every other run is +0.
+        new = np.zeros(m.size, dtype=np.float32)
+        up = np.flatnonzero(m > j32)
+        if up.size:
+            new[up] = np.maximum(jr[up], np.float32(0.0)) + np.float32(1.0)
+        down = np.flatnonzero(m < -j32)
+        if down.size:
+            new[down] = np.minimum(jr[down], np.float32(0.0)) - np.float32(1.0)
         if int(ns.min()) < _JUMP_AFTER:
             new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
         if burn is not None:

@@ -444,3 +444,89 @@ def test_many_streams_equal_one_at_a_time_and_any_row_order() -> None:
                     getattr(every, f)[mine], getattr(alone, f), err_msg=f"{name} {f} row {r}"
                 )
         assert len(every) >= 6
+
+
+@pytest.mark.parametrize(
+    ("seed", "windows"),
+    [(0, {}), (1, {"scale_window": 2048, "ar_window": 100})],  # ns past one window, not both
+)
+def test_block_with_missing_cells_equals_the_gather_path_bit_for_bit(
+    seed: int, windows: dict[str, int]
+) -> None:
+    """The masked block path (sorted rows, K=8, 20-40% of cells missing at random, so the
+    cells' ring positions drift apart) gives the same detections and the same state, bit for
+    bit, as the gather path, which only ever touches the cells present. Shifts of all sizes
+    make alarms, re-baselines, the jump rule and burn-in happen with cells missing; a dense
+    start fills the rings in lockstep first."""
+    rng = np.random.default_rng(seed)
+    T, n, k, stride = 360, 30, 8, 100
+    level = rng.uniform(-20.0, 20.0, (n, k))
+    scale = 10.0 ** rng.uniform(-2.0, 0.5, (n, k))
+    x = level + scale * rng.standard_normal((T, n, k))
+    for size in (1.5, 4.0, 12.0, 60.0):  # slow, clear, large and jump-sized steps
+        at = rng.integers(60, T - 20, (n, k))
+        sign = rng.choice([-1.0, 1.0], (n, k))
+        x += (np.arange(T)[:, None, None] >= at) * (rng.random((n, k)) < 0.3) * sign * size * scale
+    holes = rng.random(x.shape) < rng.uniform(0.2, 0.4, (T, 1, 1))
+    holes[:40] = False
+    x[holes] = np.nan
+    x[60:][rng.random((T - 60, n)) < 0.01] = np.nan  # now and then a stream misses a window
+    block = BankCusum(k, min_rel_change=0.0, capacity=n, **windows)
+    # Row ids far apart: no block to run as views, so every wave takes the gather path.
+    gather = BankCusum(k, min_rel_change=0.0, capacity=n * stride, **windows)
+    rows = np.arange(n)
+    cells = (rows[:, None] * stride * k + np.arange(k)).ravel()
+    fields = ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score")
+    found = 0
+    for t in range(T):
+        ts = np.full(n, WINDOW * t)
+        a = block.update(rows, ts, x[t])
+        order = rng.permutation(n)
+        b = gather.update(order * stride, ts, x[t, order])
+        key_a, key_b = np.lexsort((a.cols, a.rows)), np.lexsort((b.cols, b.rows))
+        for f in fields:
+            want = getattr(b, f)[key_b]
+            want = want // stride if f == "rows" else want
+            np.testing.assert_array_equal(getattr(a, f)[key_a], want, err_msg=f"wave {t} {f}")
+        found += len(a)
+        mine, ref = block._arrays(), gather._arrays()
+        for name, arr in mine.items():  # every wave: an absent cell's slot is soon rewritten
+            want = ref[name][..., cells]
+            assert arr.dtype == want.dtype, name
+            assert arr.tobytes() == want.tobytes(), f"wave {t} {name}"  # -0.0, NaN bits too
+    assert found >= 40
+
+
+@pytest.mark.parametrize(("scale_window", "ar_window"), [(300, 60), (60, 300)])
+def test_scale_and_ar_windows_follow_the_scalar_reference(
+    scale_window: int, ar_window: int
+) -> None:
+    """Scale and AR estimates weight by 1 / min(count, own window), also once the count has
+    passed the shorter window: the level, scale and AR state match the reference."""
+    rng = np.random.default_rng(3)
+    T, n = 600, 4
+    x = 20.0 + rng.standard_normal((T, n))
+    x[rng.random((T, n)) < 0.1] = np.nan
+    windows = {"scale_window": scale_window, "ar_window": ar_window, "baseline_window": 50}
+    det = BankCusum(1, min_rel_change=0.0, **windows)
+    feed(det, x[:, :, None])
+    for r in range(n):
+        ref = BankReference(min_rel_change=0.0, **windows)
+        for t in range(T):
+            ref.update(WINDOW * t, float(x[t, r]))
+        assert (det._s["ns"][r], det._s["nb"][r]) == (ref.ns, ref.nb)
+        for name in ("mu", "sig", "phi", "c0"):
+            assert det._s[name][r] == pytest.approx(getattr(ref, name), rel=1e-4), (name, r)
+        assert det._s["c1"][r] == pytest.approx(ref.c1, abs=1e-5), r
+
+
+def test_baseline_window_longer_than_scale_and_ar_windows_runs_past_it() -> None:
+    """A level window longer than the scale and AR windows: the level's 1/count table
+    covers it (this used to raise IndexError once the count passed the shorter windows)."""
+    rng = np.random.default_rng(5)
+    det = BankCusum(1, scale_window=60, ar_window=30, baseline_window=200, capacity=4)
+    rows = np.arange(4)
+    for t in range(400):
+        det.update(rows, np.full(4, float(t)), rng.standard_normal((4, 1)) + 3.0)
+    assert int(det._s["nb"].max()) == 200
+    assert np.all(np.abs(det._s["mu"][:4] - 3.0) < 0.3)
