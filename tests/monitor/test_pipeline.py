@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from factories import T0, fleet, msg, window
 
-from monitor.config import Settings
+from monitor.config import DetectorSettings, Settings
 from monitor.pipeline import Pipeline
+from monitor.telemetry import _state_bytes
 
 
 def _run(batches, settings: Settings | None = None):
@@ -140,3 +142,34 @@ def test_pool_scoped_change_does_not_explain_a_fleet_incident() -> None:
     last = [a for a in alerts if a.status == "firing"][-1]
     assert last.scope.level == "fleet"
     assert last.suggestion.change_id is None
+
+
+def test_memory_stays_flat_as_devices_come_and_go() -> None:
+    """Devices replaced every 12 windows (new names): silent ones expire, their rows are
+    reused, and detector capacity and state stop growing after the first generations."""
+    settings = Settings(detector=DetectorSettings(stream_ttl_s=60.0))
+    p = Pipeline(settings)
+    rng = np.random.default_rng(4)
+    sizes: list[tuple[int, int, int]] = []
+    alerts = []
+    for w in range(240):
+        gen = w // 12
+        ts = T0 + 10.0 * (w + 1)
+        batch = [
+            msg(window(f"gen{gen:03d}-{d // 8}/gpu{d % 8}", ts,
+                       mfu=0.45 * (1 + 0.02 * rng.standard_normal())), partition=0)
+            for d in range(16)
+        ]  # fmt: skip
+        alerts.extend(p.process(batch).alerts)
+        if w % 12 == 11:
+            st = p.partitions[0]
+            sizes.append((len(st.table.devices), st.layer_detector.capacity, _state_bytes(st)))
+    assert alerts == []
+    # At most the live generation plus the ones not yet past the TTL.
+    assert max(n for n, _, _ in sizes[3:]) <= 16 * 8
+    # Flat: the second half of the run holds no more than the first half's peak.
+    half = len(sizes) // 2
+    assert max(c for _, c, _ in sizes[half:]) <= max(c for _, c, _ in sizes[:half])
+    assert max(b for _, _, b in sizes[half:]) <= max(b for _, _, b in sizes[:half])
+    # And without expiry it would have grown: 20 generations of 16 devices.
+    assert max(n for n, _, _ in sizes) < 20 * 16
