@@ -43,6 +43,8 @@ class ScenarioResult:
     incidents: int
     found: int = 0
     false_incidents: int = 0
+    false_pages: int = 0  # of those, at severity page at some point (what wakes on-call)
+    false_tickets: int = 0  # at most ticket
     duplicate_alerts: int = 0
     stage_ok: int = 0
     rollback_ok: int = 0
@@ -70,6 +72,9 @@ async def run_scenario(name: str, devices: int | None, seed: int, settings: Sett
     res = score(labels, sink.alerts, tolerance)
     res.seconds = time.perf_counter() - t0
     return res, sink.alerts
+
+
+_SEVERITY = ("page", "ticket", "info")
 
 
 def score(labels: dict[str, Any], alerts: list[Alert], tolerance: float) -> ScenarioResult:
@@ -121,7 +126,13 @@ def score(labels: dict[str, Any], alerts: list[Alert], tolerance: float) -> Scen
             res.after_onset_suggestions += 1
         if aid not in matched_ids:
             res.false_incidents += 1
-            res.false.append(f"{a.scope.pool}:{'/'.join(a.layers)}:{a.metric}:{a.delta_pct:+.1f}%")
+            worst = min(_SEVERITY.index(r.severity) for r in seq)
+            res.false_pages += worst == 0
+            res.false_tickets += worst == 1
+            res.false.append(
+                f"{a.scope.pool}:{'/'.join(a.layers)}:{a.metric}:{a.delta_pct:+.1f}%"
+                f" ({_SEVERITY[worst]}, {a.scope.level})"
+            )
     return res
 
 
@@ -139,21 +150,24 @@ def main() -> int:
     for name in args.scenario or PACK:
         res, _ = asyncio.run(run_scenario(name, args.devices, args.seed, settings, args.tolerance))
         results.append(res)
-    hdr = f"{'scenario':26} {'inc':>3} {'found':>5} {'false':>5} {'dup':>3} {'stage':>5} " \
-          f"{'rollbk':>6} {'delay':>5} {'sec':>5}  notes"  # fmt: skip
+    hdr = f"{'scenario':26} {'inc':>3} {'found':>5} {'false':>5} {'f.page':>6} {'dup':>3} " \
+          f"{'stage':>5} {'rollbk':>6} {'delay':>5} {'sec':>5}  notes"  # fmt: skip
     print(hdr)
     for r in results:
         delay = f"{statistics.median(r.delays):.1f}" if r.delays else "-"
         notes = "; ".join([*(f"miss {m}" for m in r.misses), *(f"false {f}" for f in r.false[:3])])
         print(f"{r.scenario:26} {r.incidents:>3} {r.found:>5} {r.false_incidents:>5} "
-              f"{r.duplicate_alerts:>3} {r.stage_ok:>5} {r.rollback_ok:>6} {delay:>5} "
-              f"{r.seconds:>5.1f}  {notes}")  # fmt: skip
+              f"{r.false_pages:>6} {r.duplicate_alerts:>3} {r.stage_ok:>5} {r.rollback_ok:>6} "
+              f"{delay:>5} {r.seconds:>5.1f}  {notes}")  # fmt: skip
     total = sum(r.incidents for r in results)
     found = sum(r.found for r in results)
     delays = [d for r in results for d in r.delays]
     summary = {
         "incident_recall": round(found / total, 3) if total else None,
         "false_incidents": sum(r.false_incidents for r in results),
+        # Severity routes: page -> on-call, ticket -> a queue, info -> dashboards only.
+        "false_pages": sum(r.false_pages for r in results),
+        "false_tickets": sum(r.false_tickets for r in results),
         "duplicate_alerts": sum(r.duplicate_alerts for r in results),
         "stage_accuracy": round(sum(r.stage_ok for r in results) / found, 3) if found else None,
         "rollback_accuracy": round(sum(r.rollback_ok for r in results) / found, 3)
