@@ -55,7 +55,11 @@ class LoadAdjuster:
                     # The first windows at a load the model has not seen (a pool's first
                     # burst) are extrapolation: the ratio would measure the model's error,
                     # not the device. Withhold them from detection (NaN) but learn from them.
+                    # A frozen group (its incident is paging) cannot learn, so withholding
+                    # would last until it thaws: it keeps extrapolating, as before, and the
+                    # lifecycle's recovery check already discounts that.
                     novel = model.support(g, f) < self.min_support
+                    novel &= ~model.frozen(g)
                     exp_ok = model.update(g, f, y[ok])
                     novel &= np.isfinite(exp_ok)
                     exp_ok[novel] = np.nan

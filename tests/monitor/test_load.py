@@ -96,3 +96,20 @@ def test_support_of_an_untrained_group_is_tiny_not_an_error(n_features: int) -> 
     s = model.support(np.array([3, 3]), np.ones((2, n_features)))
     assert s.shape == (2,)
     assert np.all(s < 1e-3)
+
+
+def test_a_frozen_group_is_not_withheld_at_a_new_load() -> None:
+    """While a group is held (its incident pages) it cannot learn a new load, so the guard
+    does not withhold it (it would never end); it thaws back under the guard."""
+    rng = np.random.default_rng(3)
+    adj = LoadAdjuster(("mfu",), min_support=5.0)
+    for _ in range(100):
+        adj.adjust(*window(rng, 80.0))
+    g = np.zeros(1, dtype=np.int64)
+    adj.hold(g, hold=True)
+    for _ in range(10):
+        r, _ = adj.adjust(*window(rng, 134.0))
+        assert np.isfinite(r).all()
+    adj.hold(g, hold=False)
+    r, _ = adj.adjust(*window(rng, 200.0))
+    assert np.isnan(r).all()
