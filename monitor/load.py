@@ -6,7 +6,9 @@ group learns the expectation from log(1 + batch), log(1 + req_rate) and 1 / batc
 detector sees the ratio, about 1.0 at any load. A regression that shows only
 under burst load still moves the ratio during bursts, so it is still caught.
 Columns that are not load-driven (clock, temperature, kernel fallback, quality)
-pass through unchanged.
+pass through unchanged. Where a group's model has under `min_support` windows of
+data at the group's current load (a pool's first burst), the ratio would measure
+the model's extrapolation error, so it is withheld (NaN) while the model learns.
 """
 
 from __future__ import annotations
