@@ -125,24 +125,24 @@ class Pipeline:
         st = self.partitions.get(p)
         if st is None:
             d = self.settings.detector
+
+            def adjuster(columns: tuple[str, ...]) -> LoadAdjuster | None:
+                return (
+                    LoadAdjuster(columns, d.load_forget, d.load_min_support)
+                    if d.load_aware
+                    else None
+                )
+
             st = PartitionState(
                 StreamTable(self.catalog, ttl_s=d.stream_ttl_s),
                 make_detector(self.settings, len(LAYER_METRICS)),
                 make_detector(self.settings, len(DEVICE_METRICS)),
-                LoadAdjuster(LAYER_METRICS, d.load_forget, d.load_min_support)
-                if d.load_aware
-                else None,
-                LoadAdjuster(DEVICE_METRICS, d.load_forget, d.load_min_support)
-                if d.load_aware
-                else None,
+                adjuster(LAYER_METRICS),
+                adjuster(DEVICE_METRICS),
                 make_detector(self.settings, len(LAYER_METRICS)),
                 make_detector(self.settings, len(DEVICE_METRICS)),
-                LoadAdjuster(LAYER_METRICS, d.load_forget, d.load_min_support)
-                if d.load_aware
-                else None,
-                LoadAdjuster(DEVICE_METRICS, d.load_forget, d.load_min_support)
-                if d.load_aware
-                else None,
+                adjuster(LAYER_METRICS),
+                adjuster(DEVICE_METRICS),
             )
             self.partitions[p] = st
         return st
