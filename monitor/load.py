@@ -53,22 +53,21 @@ class LoadAdjuster:
             exp = np.full(y.shape, np.nan)
             if ok.any():
                 g, f = groups[ok], feats[ok]
+                # The first windows at a load the model has not seen (a pool's first burst)
+                # are extrapolation: the ratio would measure the model's error, not the
+                # device. Withhold them from detection (NaN) but learn from them (support is
+                # taken before learning). A frozen group (its incident is paging) cannot
+                # learn, so withholding would last until it thaws: it keeps extrapolating,
+                # as before, and the lifecycle's recovery check already discounts that.
+                novel = None
                 if self.min_support > 0:
-                    # The first windows at a load the model has not seen (a pool's first
-                    # burst) are extrapolation: the ratio would measure the model's error,
-                    # not the device. Withhold them from detection (NaN) but learn from them.
-                    # A frozen group (its incident is paging) cannot learn, so withholding
-                    # would last until it thaws: it keeps extrapolating, as before, and the
-                    # lifecycle's recovery check already discounts that.
-                    novel = model.support(g, f) < self.min_support
-                    novel &= ~model.frozen(g)
-                    exp_ok = model.update(g, f, y[ok])
+                    novel = (model.support(g, f) < self.min_support) & ~model.frozen(g)
+                exp_ok = model.update(g, f, y[ok])
+                if novel is not None:
                     novel &= np.isfinite(exp_ok)
                     exp_ok[novel] = np.nan
                     self.extrapolated += int(novel.sum())
-                    exp[ok] = exp_ok
-                else:
-                    exp[ok] = model.update(g, f, y[ok])
+                exp[ok] = exp_ok
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratios[:, col] = np.where(exp > 0, y / exp, np.nan)
             expected[:, col] = exp
