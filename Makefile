@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/decode.py --json out/bench/decode.json
 	$(BIN)/python bench/sim.py --json out/bench/sim.json
 	$(BIN)/python bench/detect.py --json out/bench/detect.json
+	$(BIN)/python bench/scores.py --json out/bench/scores.json
 	$(BIN)/python bench/diagnose.py --json out/bench/diagnose.json
 	$(BIN)/python bench/checkpoint.py --json out/bench/checkpoint.json
 
