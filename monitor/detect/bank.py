@@ -22,9 +22,10 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    **Jump rule.** Independently of the bank, `jump_windows` (3) windows in a row
    beyond `jump` (6) sigmas of the level's own spread, on one side, alarm: a
    huge step is then found on its third window instead of after the capped
-   steps add up to h (five). Heavy tails or AR(1) noise almost never produce
-   such a run (Student-t3: ~1e-8 per window), and the rule waits until the
-   scale rests on 128 samples.
+   steps add up to h (five). Heavy tails almost never produce such a run
+   (Student-t3: ~1e-8 per window). Under AR(1) one huge shock stays beyond
+   the bound while it decays (phi^k), so a window only extends a run when it
+   is not that decay. The rule waits until the scale rests on 128 samples.
 4. **Lagged baseline.** Each cell keeps a ring of its last `history` samples.
    Level, scale and AR coefficient adapt slowly (windows of `baseline_window`,
    `scale_window`, `ar_window` samples) from the sample leaving the ring, i.e.
@@ -102,6 +103,7 @@ class BankCusum:
         "dprev": np.float32,  # previous deviation (sigma units, clipped), for whitening
         "lprev": np.float32,  # previous lagged deviation, for the AR estimate
         "jr": np.float32,  # signed run of consecutive windows beyond `jump` marginal sigmas
+        "jm": np.float32,  # last window's deviation in marginal sigmas (unclipped), for `jr`
     }
 
     def __init__(
@@ -121,7 +123,7 @@ class BankCusum:
         baseline_window: int = 512,
         scale_window: int = 1024,
         ar_window: int = 4096,
-        ar_max: float = 0.8,
+        ar_max: float = 0.98,
         ar_margin: float = 1.0,
         rel_floor: float = 1e-3,
         abs_floor: float = 1e-9,
@@ -287,7 +289,12 @@ class BankCusum:
         params, arrays = _blob.unpack(blob, cls.kind)
         n_metrics, rows = int(params.pop("n_metrics")), int(params.pop("rows"))
         det = cls(n_metrics, capacity=1, **params)
-        det._s = {name: arrays[name] for name in cls._SCALARS}
+        cells = rows * n_metrics
+        # A checkpoint from before a scalar existed: that scalar starts at zero.
+        det._s = {
+            name: arrays[name] if name in arrays else np.zeros(cells, dtype=dt)
+            for name, dt in cls._SCALARS.items()
+        }
         det._bank, det._run = arrays["bank"], arrays["run"]
         det._ring, det._tring = arrays["ring"], arrays["tring"]
         det._cap = rows
@@ -643,10 +650,13 @@ class BankCusum:
 
         A step of many sigmas is obvious long before the bank's capped steps add up to h.
         `jump_windows` windows in a row beyond `jump` sigmas of the level's own spread is
-        rare under any tail or autocorrelation the front-end admits (Student-t3: about
-        1e-8 per window), so the rule is safe without a threshold of its own.
+        rare under any tail the front-end admits (Student-t3: about 1e-8 per window), so
+        the rule is safe without a threshold of its own. Under autocorrelation one huge
+        innovation also stays beyond the bound for a few windows, decaying as phi^k; a
+        run only grows when its window is not that decay: it must exceed phi times the
+        previous deviation by half of what a step at the bound would add, jump*(1-phi)/2.
         """
-        jr = _get(self._s["jr"], sel)
+        jr, jm = _get(self._s["jr"], sel), _get(self._s["jm"], sel)
         m = phi * phi
         np.subtract(np.float32(1.0), m, out=m)
         np.sqrt(m, out=m)  # innovation sigmas -> marginal sigmas of the level
@@ -654,12 +664,21 @@ class BankCusum:
         j32 = np.float32(self.jump)
         # Windows beyond the bound are rare: extend those runs; every other run is +0.
         new = np.zeros(m.size, dtype=np.float32)
-        up = np.flatnonzero(m > j32)
-        if up.size:
-            new[up] = np.maximum(jr[up], np.float32(0.0)) + np.float32(1.0)
-        down = np.flatnonzero(m < -j32)
-        if down.size:
-            new[down] = np.minimum(jr[down], np.float32(0.0)) - np.float32(1.0)
+        for side, at in ((1.0, np.flatnonzero(m > j32)), (-1.0, np.flatnonzero(m < -j32))):
+            if not at.size:
+                continue
+            sgn = np.float32(side)
+            p_at, run = phi[at], jr[at] * sgn
+            # The innovation of this window in marginal sigmas, towards the run's side.
+            fresh = (m[at] - p_at * jm[at]) * sgn
+            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
+            new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
+        if burn is not None:
+            m[burn] = jm[burn]
+        if isinstance(sel, slice):
+            jm[...] = m
+        else:
+            self._s["jm"][sel] = m
         if int(ns.min()) < _JUMP_AFTER:
             new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
         if burn is not None:
@@ -735,6 +754,7 @@ class BankCusum:
 
         # Re-baseline every alarming cell on its post-onset samples; drop the older ones.
         s["jr"][cells] = 0.0
+        s["jm"][cells] = 0.0
         self._bank[:, cells] = 0.0
         self._run[:, cells] = 0.0
         slots = (s["pos"][cells, None] + np.arange(hist)) % hist
@@ -816,3 +836,4 @@ class BankCusum:
         self._bank[:, cells] = 0.0
         self._run[:, cells] = 0.0
         s["jr"][cells] = 0.0
+        s["jm"][cells] = 0.0
