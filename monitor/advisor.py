@@ -35,6 +35,8 @@ NEXT_STEP: dict[str, tuple[str, str]] = {
     "thermal_power": ("mitigate", "cordon the throttling devices and check cooling and power caps"),
     "contention": ("investigate", "inspect queueing and fairness policy under burst load"),
     "ingress": ("mitigate", "shed or re-route burst traffic; cap batch size at the previous level"),
+    "overload": ("mitigate", "scale out the pool or shed / re-route load until the queue "
+                 "drains; offered load exceeds the pool's capacity"),
     "quality": ("investigate", "run the full regression matrix against the previous model"),
     "unclassified": ("investigate", "align counters with a profile of one affected device"),
 }  # fmt: skip

@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from statistics import median
 
-from monitor.metrics import BAD_DIRECTION, CORROBORATING, PRIMARY_METRICS, PRIMARY_ORDER
+from monitor.metrics import (
+    BAD_DIRECTION,
+    CORROBORATING,
+    LOAD_FOLLOWING,
+    LOAD_METRICS,
+    PRIMARY_METRICS,
+    PRIMARY_ORDER,
+    QUEUEING,
+)
 from monitor.wire import STAGES, Stage
 
 # How far before an incident's onset a cause may show (windows), and on what share of
@@ -26,6 +34,9 @@ SUPPORT_SHARE = 0.25
 # A multi-device incident confirms on this share of its pool, or on hosts most of whose
 # devices moved.
 CLUSTER_SHARE = 0.25
+# Offered load this far above the pool's recent level makes a queueing-only incident
+# overload: the pool lacks capacity for the traffic, nothing regressed.
+OVERLOAD_RATIO = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +110,7 @@ class Incident:
             self.group_window_s,
             points=[p for m in members for p in m.points],
             evidence=[e for m in members for e in m.evidence],
+            load=[e for m in members for e in m.load],
         )
         view.alert_id = self.alert_id
         return view
@@ -110,6 +122,9 @@ class Incident:
 
     observed_ts: float = 0.0  # recovery is judged only on windows after this
     last_ts: float = 0.0
+    # Offered-load shifts (LOAD_METRICS) of the pool around the onset: context, not evidence.
+    # Last field: a pickled incident restores its older fields in order.
+    load: list[ChangePoint] = field(default_factory=list)
 
     @property
     def onset_ts(self) -> float:
@@ -192,6 +207,23 @@ class Incident:
                 groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
         need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
         return {k: v for k, v in groups.items() if len({p.device for p in v}) >= need}
+
+    def load_ratio(self) -> float:
+        """Offered load at the onset vs the pool's recent level (1.0 when it did not shift).
+
+        Per device (and per pool aggregate), the latest request-rate shift that began within
+        the grouping window before the onset (or up to two windows after it): its level
+        after over before. The median over them; a burst that already ended counts down.
+        """
+        onset = self.onset_ts
+        lo, hi = onset - self.group_window_s, onset + 2 * self.window_s
+        latest: dict[str, ChangePoint] = {}
+        for p in sorted(self.load, key=lambda q: q.onset_ts):
+            if lo <= p.onset_ts <= hi and p.before > 0:
+                latest[p.device] = p
+        if not latest:
+            return 1.0
+        return float(median(p.after / p.before for p in latest.values()))
 
     def first_failing_stage(self) -> Stage:
         """Most upstream stage among those whose indicators changed first."""
@@ -315,10 +347,18 @@ class Correlator:
                     p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s, self.group_window_s
                 )
                 self.incidents.append(inc)
-                inc.evidence.extend(e for e in self._recent if self._fits(inc, e))
+                for e in self._recent:
+                    if self._fits(inc, e):
+                        (inc.load if e.metric in LOAD_METRICS else inc.evidence).append(e)
             inc.points.append(p)
             touched[id(inc)] = inc
         for e in other:
+            if e.metric in LOAD_METRICS:
+                for inc in self.incidents:
+                    if inc.status == "open" and self._fits(inc, e):
+                        inc.load.append(e)
+                self._recent.append(e)
+                continue
             if not e.is_regression:
                 self._note_recovery(e)
                 continue
@@ -367,6 +407,22 @@ class Correlator:
                 return inc
         return None
 
+    def fill_missing_fields(self) -> None:
+        """Give incidents unpickled from an older version the fields they lack (defaults).
+
+        A checkpoint written before a field existed restores without it; reading it would
+        raise and lose the partition's incidents.
+        """
+        todo = list(self.incidents)
+        while todo:
+            inc = todo.pop()
+            for f in fields(Incident):
+                if not hasattr(inc, f.name):
+                    factory = f.default_factory
+                    value = factory() if factory is not MISSING else f.default
+                    setattr(inc, f.name, value)
+            todo.extend(inc.children)
+
     def drop_resolved(self, now_ts: float, keep_s: float) -> None:
         """Forget resolved incidents older than keep_s, and never-paged ones gone stale."""
         self.incidents = [
@@ -377,15 +433,26 @@ class Correlator:
         ]
 
 
-def bottleneck_class(stage: Stage, indicators: set[str]) -> str:
-    """Bottleneck class from the first failing stage and what moved (decision matrix)."""
+def bottleneck_class(stage: Stage, indicators: set[str], load_ratio: float = 1.0) -> str:
+    """Bottleneck class from the first failing stage and what moved (decision matrix).
+
+    Queueing moved, with nothing else but what follows load (heat, utilisation), while
+    offered load rose by `OVERLOAD_RATIO` or more: overload (pass the ratio only for an
+    incident whose primary metric is a queueing one).
+    """
+    if (
+        indicators & QUEUEING
+        and indicators <= QUEUEING | LOAD_FOLLOWING
+        and load_ratio >= OVERLOAD_RATIO
+    ):
+        return "overload"
     if stage == "ingress":
         return "ingress"
     if stage == "lowering":
         return "kernel_selection"
     if stage == "scheduling":
         return "memory_locality"
-    if stage == "validation":
+    if stage == "validation" and "quality" in indicators:
         return "quality"
     if "sync_frac" in indicators:
         return "synchronisation"

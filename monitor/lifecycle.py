@@ -18,7 +18,7 @@ import numpy as np
 from monitor.advisor import Advisor
 from monitor.config import AlertSettings
 from monitor.correlator import ChangePoint, Incident, bottleneck_class
-from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS
+from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS, QUEUEING
 from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
 
 if TYPE_CHECKING:
@@ -179,7 +179,8 @@ class AlertLifecycle:
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
         moved = {metric for _, metric, _ in inc.supporting()}
-        bottleneck = bottleneck_class(stage, moved)
+        load = inc.load_ratio() if metric in QUEUEING else 1.0
+        bottleneck = bottleneck_class(stage, moved, load)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction)
         devices = sorted(inc.devices)
         layers = inc.layers
@@ -191,12 +192,25 @@ class AlertLifecycle:
             f"{self.s.resolve_windows} windows, else undo and escalate"
         )
         suggestion = self.advisor.suggest(inc, stage, bottleneck, guardrail, level)
+        if bottleneck == "overload" and suggestion.action == "rollback":
+            # A change that fits explains it: the traffic only exposed it. Not overload.
+            bottleneck = bottleneck_class(stage, moved)
         share = len(devices) / n_pool if n_pool else 1.0
-        loss = abs(delta_pct) / 100.0 * share
+        # Share of the healthy level lost, in [0, 1]: the relative drop for down-is-bad
+        # metrics (MFU), 1 - before/after for up-is-bad ones (latency x2 loses half of the
+        # service rate), so a queue growing 500x on one device cannot outrank a pool-wide
+        # 15% MFU drop.
+        lost = abs(delta_pct) / 100.0
+        if sign > 0 and after > 0:
+            lost = max(0.0, 1.0 - before / after)
+        loss = lost * share
         severity = (
             "page" if loss >= self.s.page_loss else "ticket" if loss >= self.s.page_loss / 5
             else "info"
         )  # fmt: skip
+        if bottleneck == "overload" and severity == "page":
+            # Capacity for offered load, not a regression: a queue for the owners, no page.
+            severity = "ticket"
         pools = sorted({p.pool or "" for p in inc.points})
         where = {
             "fleet": f"{len(pools)} pools ({', '.join(pools)}; {len(devices)} devices)",
@@ -209,8 +223,9 @@ class AlertLifecycle:
         cause = (
             f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
             if suggestion.action == "rollback"
+            else f" under offered load x{load:.2f}" if bottleneck == "overload"
             else ""
-        )
+        )  # fmt: skip
         return Alert(
             v=1,
             id=inc.alert_id or "",

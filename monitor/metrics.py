@@ -50,6 +50,16 @@ CORROBORATING = frozenset({
     "clock_mhz", "sync_frac", "fallback_frac", "kernel",
     "sram_hit", "spill_frac", "queue_wait_ms", "queue_depth", "quality",
 })  # fmt: skip
+# Offered load: a shift of it is context for an incident (the pool is busier), never a
+# regression and never evidence of a failing stage.
+LOAD_METRICS = frozenset({"req_rate"})
+# What a backlog in front of the devices moves: queue and the latency it adds. An incident
+# that moved only these, while offered load rose, is overload, not a regression.
+QUEUEING = frozenset({"queue_wait_ms", "queue_depth", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms"})
+# Execution indicators that follow offered load rather than a mechanism: heat (temperature,
+# power) and utilisation (device MFU is served work: a saturated pool serves less than its
+# offered load predicts). A throttle shows as the clock, a slower kernel as layer MFU.
+LOAD_FOLLOWING = frozenset({"temp_c", "power_w", "device_mfu"})
 # Direction that counts as a regression (+1 up is bad, -1 down is bad).
 BAD_DIRECTION: dict[str, int] = {
     "mfu": -1, "device_mfu": -1, "stall_frac": +1, "occupancy": -1, "sram_hit": -1,

@@ -276,6 +276,7 @@ class Pipeline:
         """Restore what `snapshot_incidents` saved."""
         state = pickle.loads(blob)  # noqa: S301 - written by this process family only
         self.correlator = state["correlator"]
+        self.correlator.fill_missing_fields()
         self.advisor = state["advisor"]
         self.lifecycle.advisor = self.advisor
 
