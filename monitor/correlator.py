@@ -123,7 +123,7 @@ class Incident:
     observed_ts: float = 0.0  # recovery is judged only on windows after this
     last_ts: float = 0.0
     # Offered-load shifts (LOAD_METRICS) of the pool around the onset: context, not evidence.
-    # Last field: a pickled incident restores its older fields in order.
+    # An incident from an older checkpoint lacks it (`Correlator.fill_missing_fields`).
     load: list[ChangePoint] = field(default_factory=list)
 
     @property

@@ -673,20 +673,12 @@ class BankCusum:
             fresh = (m[at] - p_at * jm[at]) * sgn
             grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
             new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
-        if burn is not None:
-            m[burn] = jm[burn]
-        if isinstance(sel, slice):
-            jm[...] = m
-        else:
-            self._s["jm"][sel] = m
         if int(ns.min()) < _JUMP_AFTER:
             new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
         if burn is not None:
-            new[burn] = jr[burn]
-        if isinstance(sel, slice):
-            jr[...] = new
-        else:
-            self._s["jr"][sel] = new
+            new[burn], m[burn] = jr[burn], jm[burn]
+        # Through the state arrays: a slice writes in place, an index array scatters.
+        self._s["jr"][sel], self._s["jm"][sel] = new, m
         np.abs(new, out=new)
         reached = new >= np.float32(self.jump_windows)
         return reached if bool(reached.any()) else None
