@@ -34,6 +34,12 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    the known baseline (or, for a slow shift that began before the ring, the
    start of the smallest member's run); deviations in the split are bounded so
    one outlier left in the ring cannot drag it; `after` is the median since onset.
+   **Spread veto.** A burst of spread (3x for 20 windows) random-walks the
+   clipped evidence past h although the level never moved. So an alarm whose
+   last 16 successive differences spread wider than `spread_veto`² × stat/h
+   times the variance its evidence assumed is dropped, and its statistics are
+   divided by that ratio (the evidence re-measured at the local spread).
+   Differences are blind to a level step, so real shifts pass.
    The cell re-baselines on its post-onset samples (burning in the rest).
    Alarms whose effect is below `min_rel_change` of the level re-baseline
    silently, without a detection.
@@ -56,6 +62,8 @@ I32 = npt.NDArray[np.int32]
 _MAD_TO_SIGMA = 1.4826
 _N_MAX = 1 << 30  # saturating sample counter
 _EPS32 = np.float32(1e-12)
+_SPREAD_PAIRS = 16  # recent successive differences behind the spread veto
+_SPREAD_MIN_PAIRS = 8  # fewer: no veto
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 
 
@@ -130,6 +138,7 @@ class BankCusum:
         min_rel_change: float = 0.03,
         jump: float = 6.0,
         jump_windows: int = 3,
+        spread_veto: float = math.sqrt(2.0),
         capacity: int = 1024,
     ) -> None:
         if n_metrics < 1:
@@ -142,6 +151,8 @@ class BankCusum:
             raise ValueError("3 <= burn_in <= history required")
         if min(baseline_window, scale_window, ar_window) < 1 or not 0 <= ar_max < 1:
             raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
+        if spread_veto < 0:
+            raise ValueError("spread_veto >= 0 (0 = off) required")
         if jump < 0 or jump_windows < 2:
             raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
         if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
@@ -164,6 +175,7 @@ class BankCusum:
         self.rel_floor, self.abs_floor = float(rel_floor), float(abs_floor)
         self.min_rel_change = float(min_rel_change)
         self.jump, self.jump_windows = float(jump), int(jump_windows)
+        self.spread_veto = float(spread_veto)
         if self.n_shifts == 1:
             self.shifts = np.array([self.min_shift])
         else:
@@ -206,6 +218,7 @@ class BankCusum:
             "ar_max": self.ar_max, "ar_margin": self.ar_margin, "rel_floor": self.rel_floor,
             "abs_floor": self.abs_floor, "min_rel_change": self.min_rel_change,
             "jump": self.jump, "jump_windows": self.jump_windows,
+            "spread_veto": self.spread_veto,
         }  # fmt: skip
 
     @property
@@ -738,6 +751,18 @@ class BankCusum:
                 np.isfinite(spacing), t[early] - run[early] * spacing, onset[early]
             )
         post = fin & (np.arange(hist) >= first[:, None])
+        if self.spread_veto > 0:
+            # A burst of spread is not a shift of level: an alarm whose recent windows
+            # spread much wider than the scale its evidence assumed is vetoed, and that
+            # evidence is rescaled to the local spread (the CUSUM goes on from there).
+            r2 = self._local_spread2(cells, vals, post, mu)
+            keep = jumped | (r2 <= self.spread_veto**2 * stat / self.h)
+            if not keep.all():
+                self._bank[:, cells[~keep]] /= r2[~keep].astype(np.float32)
+                cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]
+                vals, post, onset = vals[keep], post[keep], onset[keep]
+                if not cells.size:
+                    return Detections.empty()
         after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
         before = mu
         big = np.abs(after - before) >= self.min_rel_change * np.maximum(
@@ -767,6 +792,28 @@ class BankCusum:
             after=after[big],
             score=stat[big] / self.h,
         )
+
+    def _local_spread2(self, cells: I64, vals: F64, post: npt.NDArray[np.bool_], mu: F64) -> F64:
+        """Squared ratio of the ring's recent spread to the cell's scale (>= 1; 1 if unknown).
+
+        The spread comes from successive differences, which a level step moves in one
+        pair only (the pair across the onset is left out), over the last `_SPREAD_PAIRS`
+        pairs: the clipped mean square of the differences, in innovation units (the
+        difference of an AR(1) has variance 2 sigma^2 / (1 + phi)), over its Gaussian
+        value. A 3x burst of spread reads about 4; clean noise about 1 +- 0.35.
+        """
+        s, c = self._s, self.clip
+        dev = (vals - mu[:, None]) / s["sig"][cells][:, None]
+        dd = np.diff(dev, axis=1)
+        pre = np.isfinite(vals) & ~post
+        ok = (post[:, 1:] & post[:, :-1]) | (pre[:, 1:] & pre[:, :-1])
+        ok[:, :-_SPREAD_PAIRS] = False
+        q = np.where(ok, dd * dd, 0.0)
+        q *= (1.0 + s["phi"][cells].astype(np.float64))[:, None] * 0.5
+        np.minimum(q, c * c, out=q)
+        cnt = ok.sum(axis=1)
+        r2 = q.sum(axis=1) / np.maximum(cnt, 1) / self._kappa
+        return np.where(cnt >= _SPREAD_MIN_PAIRS, np.maximum(r2, 1.0), 1.0)
 
     def _baseline(self, cells: I64) -> None:
         """(Re)set the level from the ring's samples; a never-baselined cell also gets scale/AR."""

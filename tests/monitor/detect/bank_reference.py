@@ -46,6 +46,7 @@ class BankReference:
     min_rel_change: float = 0.03
     jump: float = 6.0
     jump_windows: int = 3
+    spread_veto: float = math.sqrt(2.0)
     jr: int = 0  # signed run of windows beyond `jump` marginal sigmas
     ring: list[tuple[float, float]] = field(default_factory=list)  # (t, x); x NaN = dropped
     n: int = 0
@@ -162,6 +163,23 @@ class BankReference:
         if member == 0 and not jumped and run > len(valid) and len(valid) >= 2:
             spacing = float(np.median(np.diff([times[i] for i in valid])))
             onset = t - run * spacing
+        if self.spread_veto > 0 and not jumped:
+            # Successive differences within one side of the split, the last 16 ring pairs.
+            pairs = [
+                (vals[i + 1] - vals[i]) / self.sig
+                for i in range(max(len(vals) - 17, 0), len(vals) - 1)
+                if math.isfinite(vals[i])
+                and math.isfinite(vals[i + 1])
+                and (i >= first) == (i + 1 >= first)
+            ]
+            if len(pairs) >= 8:
+                q = [min(d * d * (1 + self.phi) / 2, self.clip**2) for d in pairs]
+                r2 = max(float(np.mean(q)) / self.kappa, 1.0)
+                stat = max(*self.up, *self.dn)
+                if r2 > self.spread_veto**2 * stat / self.h:
+                    self.up = [u / r2 for u in self.up]
+                    self.dn = [d / r2 for d in self.dn]
+                    return None
         post = [vals[i] for i in valid if i >= first]
         after = float(np.median(post))
         before = self.mu

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -216,6 +217,78 @@ def test_jump_rule_still_takes_a_step_under_autocorrelation() -> None:
         late = hits.detected_ts >= WINDOW * 1200
         first = [hits.detected_ts[late & (hits.rows == r)].min() for r in range(40)]
         assert np.median(first) == WINDOW * 1202, phi
+
+
+def bursts_of_spread(
+    rng: np.random.Generator, shape: tuple[int, int], p: float = 0.002, factor: float = 3.0
+) -> np.ndarray:
+    """Gaussian noise in which each window starts a 20-window burst of `factor` x the spread
+    with probability `p` (no level moves)."""
+    t_len, n = shape
+    out = rng.standard_normal(shape)
+    left = np.zeros(n)
+    for t in range(t_len):
+        left[(left == 0) & (rng.random(n) < p)] = 20.0
+        out[t] *= np.where(left > 0, factor, 1.0)
+        left = np.maximum(left - 1.0, 0.0)
+    return out
+
+
+def test_spread_veto_cuts_false_alarms_in_bursts_of_spread() -> None:
+    """A burst of spread random-walks the clipped evidence past h: 17.6 false alarms per 1e5
+    windows without the veto in the benchmark, 6.5 with it."""
+    rng = np.random.default_rng(31)
+    x = 10.0 + bursts_of_spread(rng, (1500, 4000))[:, :, None]
+    on = feed(BankCusum(1, min_rel_change=0.0), x)
+    off = feed(BankCusum(1, min_rel_change=0.0, spread_veto=0.0), x)
+    assert len(on) <= 0.5 * len(off), (len(on), len(off))
+    assert len(on) <= 9e-5 * x.size, len(on)
+
+
+@pytest.mark.parametrize("kind", ["gauss", "t3"])
+def test_spread_veto_leaves_level_shifts_alone(kind: str) -> None:
+    """Successive differences do not see a level step: 1-3 sigma shifts are found as often
+    and as fast (median) with the veto as without it."""
+    rng = np.random.default_rng(32)
+    n = 600
+    shape = (1000, n, 1)
+    noise = rng.standard_t(3, shape) / np.sqrt(3) if kind == "t3" else rng.standard_normal(shape)
+    size = np.repeat([1.0, 2.0, 3.0], n // 3) * rng.choice([-1.0, 1.0], n)
+    x = 10.0 + noise
+    x[700:, :, 0] += size
+
+    def delays_and_recall(veto: float) -> tuple[list[float], float]:
+        hits = feed(BankCusum(1, min_rel_change=0.0, spread_veto=veto), x)
+        late = hits.detected_ts >= WINDOW * 700
+        rows, ts = hits.rows[late], hits.detected_ts[late]
+        first = {int(r): float(ts[rows == r].min()) / WINDOW - 699 for r in np.unique(rows)}
+        med = [
+            float(np.median([d for r, d in first.items() if abs(size[r]) == s])) for s in (1, 2, 3)
+        ]
+        return med, len(first) / n
+
+    assert delays_and_recall(math.sqrt(2.0)) == delays_and_recall(0.0)
+
+
+def test_spread_veto_matches_the_scalar_reference() -> None:
+    """Streams with repeated 4x bursts of spread: the veto fires (the output differs from the
+    engine without it) and the vectorised engine still matches the scalar reference."""
+    rng = np.random.default_rng(33)
+    t_len, n = 800, 30
+    spread = np.where((np.arange(t_len)[:, None] + rng.integers(0, 80, n)) % 80 >= 60, 4.0, 1.0)
+    spread[:200] = 1.0
+    x = 20.0 + rng.standard_normal((t_len, n)) * spread
+    got = feed(BankCusum(1, min_rel_change=0.0), x[:, :, None])
+    off = feed(BankCusum(1, min_rel_change=0.0, spread_veto=0.0), x[:, :, None])
+    assert len(got) < len(off)
+    for r in range(n):
+        ref = BankReference(min_rel_change=0.0, ar_max=0.98)
+        want = [
+            h for t in range(t_len) if (h := ref.update(WINDOW * t, float(x[t, r]))) is not None
+        ]
+        mine = got.rows == r
+        assert [h.detected_ts for h in want] == got.detected_ts[mine].tolist(), r
+        assert [h.onset_ts for h in want] == pytest.approx(got.onset_ts[mine].tolist()), r
 
 
 def test_one_sigma_shift_is_caught_and_onset_is_close() -> None:
