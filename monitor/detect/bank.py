@@ -38,7 +38,8 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    clipped evidence past h although the level never moved. So an alarm whose
    last 16 successive differences spread wider than `spread_veto`² × stat/h
    times the variance its evidence assumed is dropped, and its statistics are
-   divided by that ratio (the evidence re-measured at the local spread).
+   divided by that ratio (the evidence re-measured at the local spread),
+   unless the post-change segment's own GLR at that spread still reaches 2h.
    Differences are blind to a level step, so real shifts pass.
    The cell re-baselines on its post-onset samples (burning in the rest).
    Alarms whose effect is below `min_rel_change` of the level re-baseline
@@ -471,7 +472,11 @@ class BankCusum:
         if burn is not None:
             dz64[burn] = 0.0
         dz = dz64.astype(np.float32)
-        jumped = self._jump_runs(sel, dz, phi, ns, burn) if self.jump > 0 else None
+        # Innovation sigmas -> marginal sigmas of the level: sqrt(1 - phi²).
+        marg = phi * phi
+        np.subtract(np.float32(1.0), marg, out=marg)
+        np.sqrt(marg, out=marg)
+        jumped = self._jump_runs(sel, dz, phi, marg, ns, burn) if self.jump > 0 else None
         np.clip(dz, -self._dclip, self._dclip, out=dz)
         z = phi * dprev
         np.subtract(dz, z, out=z)
@@ -548,6 +553,14 @@ class BankCusum:
         rl64 /= sig
         rl = rl64.astype(np.float32)
         np.clip(rl, -self._dclip, self._dclip, out=rl)
+        # The slow estimates also see each deviation bounded at `clip` marginal sigmas
+        # (the burn-in's bound): one additive outlier then adds clip² to the lag-0
+        # covariance, not (front-end bound)², and pulls phi down far less. A phi biased
+        # low under-whitens, and under-whitening pages (1% spikes: 2.0 -> 0.6 per 1e5).
+        lim = np.float32(c) / marg
+        np.minimum(rl, lim, out=rl)
+        np.negative(lim, out=lim)
+        np.maximum(rl, lim, out=rl)
         bw = self.baseline_window
         if all_w and nb_min >= bw:
             a_b: F32 | float = 1.0 / bw
@@ -656,7 +669,7 @@ class BankCusum:
         return self._alarm(_cells_of(sel)[idx], t[idx], stat[idx].astype(np.float64))
 
     def _jump_runs(
-        self, sel: slice | I64, dz: F32, phi: F32, ns: I32, burn: I64 | None
+        self, sel: slice | I64, dz: F32, phi: F32, marg: F32, ns: I32, burn: I64 | None
     ) -> npt.NDArray[np.bool_] | None:
         """Count consecutive windows beyond `jump` marginal sigmas on one side; the mask of
         cells whose run reached `jump_windows` (None when none did).
@@ -670,10 +683,7 @@ class BankCusum:
         previous deviation by half of what a step at the bound would add, jump*(1-phi)/2.
         """
         jr, jm = _get(self._s["jr"], sel), _get(self._s["jm"], sel)
-        m = phi * phi
-        np.subtract(np.float32(1.0), m, out=m)
-        np.sqrt(m, out=m)  # innovation sigmas -> marginal sigmas of the level
-        m *= dz
+        m = marg * dz
         j32 = np.float32(self.jump)
         # Windows beyond the bound are rare: extend those runs; every other run is +0.
         new = np.zeros(m.size, dtype=np.float32)
@@ -718,13 +728,17 @@ class BankCusum:
         # suffix maximising (signed suffix sum)² / suffix length.
         d = np.where(fin, (vals - mu[:, None]) * sign[:, None], 0.0)
         # Deviations bounded, so that one outlier left in the ring cannot drag the split
-        # towards itself: at the front-end's bound, or 1.5x the newest samples' shift for a
-        # step larger than that (a tighter bound would blur a big step's onset).
+        # towards itself: at `clip` marginal sigmas (a looser bound, the front-end's, let one
+        # 5-sigma window on top of a slow drift become the whole post-change segment, and
+        # `after` that window's value), or 1.5x the newest samples' shift for a step larger
+        # than that (a tighter bound would blur a big step's onset).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tail: no estimate
             recent = np.nanmedian(vals[:, -4:], axis=1)
         step = np.nan_to_num(np.abs(recent - mu), nan=0.0)
-        lim = np.maximum(self._dclip * s["sig"][cells], 1.5 * step)[:, None]
+        marg = np.sqrt(1.0 - s["phi"][cells].astype(np.float64) ** 2)
+        bnd = self.clip * s["sig"][cells] / marg  # `clip` marginal sigmas of the level
+        lim = np.maximum(bnd, 1.5 * step)[:, None]
         d = np.clip(d, -lim, lim)
         suf = np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
         cnt = np.cumsum(fin[:, ::-1], axis=1)[:, ::-1]
@@ -756,7 +770,15 @@ class BankCusum:
             # spread much wider than the scale its evidence assumed is vetoed, and that
             # evidence is rescaled to the local spread (the CUSUM goes on from there).
             r2 = self._local_spread2(cells, vals, post, mu)
-            keep = jumped | (r2 <= self.spread_veto**2 * stat / self.h)
+            # Unless the shift stands at the local spread too: the post-change segment's
+            # GLR with the variance r2 times larger reaches 2h (2h: the split picked the
+            # segment that maximises it). A 40% step whose noise grew with the level is
+            # still a step; a burst's lean is not.
+            n_post = post.sum(axis=1)
+            lean = np.where(post, d, 0.0).sum(axis=1) / np.maximum(n_post, 1)
+            lean *= (1.0 - s["phi"][cells]) / s["sig"][cells]
+            glr = 0.5 * n_post * lean * lean / r2
+            keep = jumped | (r2 <= self.spread_veto**2 * stat / self.h) | (glr >= 2.0 * self.h)
             if not keep.all():
                 self._bank[:, cells[~keep]] /= r2[~keep].astype(np.float32)
                 cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]

@@ -125,6 +125,7 @@ class BankReference:
             fire = fire or max(self.up[j], self.dn[j]) > self.h
         if math.isfinite(xl):
             rl = self._clip((xl - self.mu) / self.sig, self.dclip)
+            rl = self._clip(rl, c / math.sqrt(1 - self.phi * self.phi))  # clip marginal sigmas
             self.nb = min(self.nb + 1, self.baseline_window)
             self.ns = min(self.ns + 1, max(self.scale_window, self.ar_window))
             self.mu += self.sig * rl / self.nb
@@ -151,7 +152,8 @@ class BankReference:
         best, first = -1.0, valid[0]
         tail = [v for v in vals[-4:] if math.isfinite(v)]
         step = abs(float(np.median(tail)) - self.mu) if tail else 0.0
-        lim = max(self.dclip * self.sig, 1.5 * step)  # bounded deviations
+        bound = self.clip * self.sig / math.sqrt(1 - self.phi * self.phi)  # marginal sigmas
+        lim = max(bound, 1.5 * step)  # bounded deviations
         for i in valid:  # the earliest maximiser of (signed suffix sum)² / length
             suf = [self._clip(sign * (vals[k] - self.mu), lim) for k in valid if k >= i]
             s = sum(suf)
@@ -176,7 +178,10 @@ class BankReference:
                 q = [min(d * d * (1 + self.phi) / 2, self.clip**2) for d in pairs]
                 r2 = max(float(np.mean(q)) / self.kappa, 1.0)
                 stat = max(*self.up, *self.dn)
-                if r2 > self.spread_veto**2 * stat / self.h:
+                dev = [self._clip(sign * (vals[i] - self.mu), lim) for i in valid if i >= first]
+                lean = sum(dev) / len(dev) * (1 - self.phi) / self.sig
+                glr = 0.5 * len(dev) * lean * lean / r2
+                if r2 > self.spread_veto**2 * stat / self.h and glr < 2 * self.h:
                     self.up = [u / r2 for u in self.up]
                     self.dn = [d / r2 for d in self.dn]
                     return None

@@ -270,6 +270,24 @@ def test_spread_veto_leaves_level_shifts_alone(kind: str) -> None:
     assert delays_and_recall(math.sqrt(2.0)) == delays_and_recall(0.0)
 
 
+def test_spread_veto_passes_a_step_whose_noise_grew_with_the_level() -> None:
+    """Noise proportional to the level: a 40% step also makes the spread 1.4x wider, so the
+    differences read 2x the variance. The step still stands at that spread (its GLR there is
+    far above h), so it is not vetoed: found as fast as with the veto off."""
+    t_len, n = 120, 8
+    w = np.arange(t_len)[:, None]
+    level = 0.3 * np.where(w >= 60, 1.4, 1.0)
+    x = level * (1 + 0.01 * ((w * 7 + np.arange(n)) % 5 - 2))  # a periodic +-2% pattern
+
+    def first_alarms(veto: float) -> list[float]:
+        hits = feed(BankCusum(1, spread_veto=veto), x[:, :, None])
+        return [float(hits.detected_ts[hits.rows == r].min()) / WINDOW for r in range(n)]
+
+    found = first_alarms(math.sqrt(2.0))
+    assert found == first_alarms(0.0)
+    assert max(found) <= 60 + 7  # the youth shrink and step_cap: 7 windows
+
+
 def test_spread_veto_matches_the_scalar_reference() -> None:
     """Streams with repeated 4x bursts of spread: the veto fires (the output differs from the
     engine without it) and the vectorised engine still matches the scalar reference."""
@@ -289,6 +307,31 @@ def test_spread_veto_matches_the_scalar_reference() -> None:
         mine = got.rows == r
         assert [h.detected_ts for h in want] == got.detected_ts[mine].tolist(), r
         assert [h.onset_ts for h in want] == pytest.approx(got.onset_ts[mine].tolist()), r
+
+
+def test_additive_spikes_do_not_bias_the_whitening() -> None:
+    """1% single-window spikes of 20 sd on AR(1) noise: the slow estimates see deviations
+    bounded at `clip` marginal sigmas, so phi is not dragged down (under-whitening pages).
+    With the front-end's looser bound there: 136 alarms on these 6 M windows."""
+    rng = np.random.default_rng(42)
+    shape = (1500, 4000, 1)
+    spikes = np.where(rng.random(shape) < 0.01, 20.0 * rng.choice([-1.0, 1.0], shape), 0.0)
+    x = 10.0 + ar1(rng, shape, 0.5) + spikes
+    assert len(feed(BankCusum(1, min_rel_change=0.0), x)) <= 75  # measured 42
+
+
+def test_one_outlier_on_a_small_shift_is_not_the_post_change_level() -> None:
+    """A 0.7-sd shift with 1% of windows 5 sd high: the onset split must not make the one
+    outlier that tipped the statistic over h the whole post-change segment (its value would
+    become `after`, and a material change). The front-end's bound there: 47 of ~2000."""
+    rng = np.random.default_rng(41)
+    x = 10.0 + rng.standard_normal((1400, 2000, 1))
+    x[1000:] += 0.7
+    x += np.where(rng.random(x.shape) < 0.01, 5.0, 0.0)
+    hits = feed(BankCusum(1, min_rel_change=0.0), x)
+    late = hits.detected_ts >= WINDOW * 1000
+    assert late.sum() >= 0.95 * 2000
+    assert int(np.sum(hits.after[late] - hits.before[late] > 3.0)) <= 10  # measured 3
 
 
 def test_one_sigma_shift_is_caught_and_onset_is_close() -> None:
