@@ -111,6 +111,8 @@ class BankCusum:
         "c1": np.float32,  # EW lag-1 autocovariance
         "dprev": np.float32,  # previous deviation (sigma units, clipped), for whitening
         "lprev": np.float32,  # previous lagged deviation, for the AR estimate
+        "c2": np.float32,  # EW lag-2 autocovariance (sigma units)
+        "lprev2": np.float32,  # lagged deviation two samples back
         "jr": np.float32,  # signed run of consecutive windows beyond `jump` marginal sigmas
         "jm": np.float32,  # last window's deviation in marginal sigmas (unclipped), for `jr`
     }
@@ -140,6 +142,7 @@ class BankCusum:
         jump: float = 6.0,
         jump_windows: int = 3,
         spread_veto: float = math.sqrt(2.0),
+        ar2_margin: float = 1.5,
         capacity: int = 1024,
     ) -> None:
         if n_metrics < 1:
@@ -152,8 +155,8 @@ class BankCusum:
             raise ValueError("3 <= burn_in <= history required")
         if min(baseline_window, scale_window, ar_window) < 1 or not 0 <= ar_max < 1:
             raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
-        if spread_veto < 0:
-            raise ValueError("spread_veto >= 0 (0 = off) required")
+        if spread_veto < 0 or ar2_margin < 0:
+            raise ValueError("spread_veto >= 0 and ar2_margin >= 0 (0 = off) required")
         if jump < 0 or jump_windows < 2:
             raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
         if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
@@ -177,6 +180,7 @@ class BankCusum:
         self.min_rel_change = float(min_rel_change)
         self.jump, self.jump_windows = float(jump), int(jump_windows)
         self.spread_veto = float(spread_veto)
+        self.ar2_margin = float(ar2_margin)
         if self.n_shifts == 1:
             self.shifts = np.array([self.min_shift])
         else:
@@ -219,7 +223,7 @@ class BankCusum:
             "ar_max": self.ar_max, "ar_margin": self.ar_margin, "rel_floor": self.rel_floor,
             "abs_floor": self.abs_floor, "min_rel_change": self.min_rel_change,
             "jump": self.jump, "jump_windows": self.jump_windows,
-            "spread_veto": self.spread_veto,
+            "spread_veto": self.spread_veto, "ar2_margin": self.ar2_margin,
         }  # fmt: skip
 
     @property
@@ -459,6 +463,7 @@ class BankCusum:
         zeros = self._buf("zero", size, 0.0)
         mu, sig, phi = _get(s["mu"], sel), _get(s["sig"], sel), _get(s["phi"], sel)
         dprev, lprev = _get(s["dprev"], sel), _get(s["lprev"], sel)
+        c2, lprev2 = _get(s["c2"], sel), _get(s["lprev2"], sel)
         c0, c1, nb, ns = (
             _get(s["c0"], sel),
             _get(s["c1"], sel),
@@ -636,6 +641,23 @@ class BankCusum:
         tmp *= a_p
         c1 += tmp
         est = c1 / (c0 + _EPS32)
+        lcb = None
+        if self.ar2_margin > 0:
+            # A slow signal under measurement noise is an ARMA(1,1): its lag-1
+            # autocorrelation understates phi (0.45 for phi 0.9 under noise of the
+            # same variance), and whitening with it pages (about 100 false alarms per
+            # 1e5). phi is then c2/c1; its lower confidence bound, margin / (r1 sqrt n)
+            # below, only wins where it clearly exceeds the AR(1) bound.
+            lcb = rl * lprev2
+            lcb -= c2
+            lcb *= a_p
+            c2 += lcb
+            np.divide(c2, np.maximum(c1, _EPS32), out=lcb)
+            np.minimum(lcb, np.float32(1.0), out=lcb)  # c1 near 0 or below: no estimate
+            r1 = np.maximum(est, np.float32(1e-3))
+            np.divide(np.float32(self.ar2_margin), r1, out=r1)
+            r1 *= np.sqrt(np.float32(1.0 / self.ar_window) if ns_sat else inv32)
+            lcb -= r1
         # Use a bias-corrected upper confidence bound on phi: over-whitening costs a
         # little power, under-whitening costs false pages.
         if ns_sat:
@@ -645,11 +667,18 @@ class BankCusum:
         else:
             est += (1.0 + 3.0 * est) * inv32
             est += pad
+        if lcb is not None:
+            np.maximum(est, lcb, out=est)
         np.clip(est, 0.0, self.ar_max, out=est)
         if burn is not None:
             est[burn] = phi[burn]  # recomputing could differ in the last bit: keep it
         phi[...] = est
         keep = None if off is None else lprev[off]
+        if self.ar2_margin > 0:
+            keep2 = None if off is None else lprev2[off]
+            lprev2[...] = lprev
+            if keep2 is not None:
+                lprev2[off] = keep2
         lprev[...] = rl
         if keep is not None:
             lprev[off] = keep
@@ -657,6 +686,7 @@ class BankCusum:
             for name, arr in (("mu", mu), ("sig", sig), ("phi", phi), ("c0", c0), ("c1", c1)):
                 s[name][sel] = arr
             s["dprev"][sel], s["lprev"][sel] = dprev, lprev
+            s["c2"][sel], s["lprev2"][sel] = c2, lprev2
 
         if jumped is None and not fire:
             return Detections.empty()
@@ -877,7 +907,9 @@ class BankCusum:
         s["phi"][cells] = phi
         s["c0"][cells] = ratio2
         s["c1"][cells] = est * ratio2
+        s["c2"][cells] = est * est * ratio2  # as an AR(1): no lag-2 evidence yet
         s["lprev"][cells] = 0.0
+        s["lprev2"][cells] = 0.0
         s["ns"][cells] = count.astype(np.int32)
 
     def _level(self, cells: I64) -> None:

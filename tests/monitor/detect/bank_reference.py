@@ -47,6 +47,7 @@ class BankReference:
     jump: float = 6.0
     jump_windows: int = 3
     spread_veto: float = math.sqrt(2.0)
+    ar2_margin: float = 1.5
     jr: int = 0  # signed run of windows beyond `jump` marginal sigmas
     ring: list[tuple[float, float]] = field(default_factory=list)  # (t, x); x NaN = dropped
     n: int = 0
@@ -57,8 +58,10 @@ class BankReference:
     phi: float = 0.0
     c0: float = 0.0
     c1: float = 0.0
+    c2: float = 0.0
     dprev: float = 0.0
     lprev: float = 0.0
+    lprev2: float = 0.0
     up: list[float] = field(default_factory=list)
     dn: list[float] = field(default_factory=list)
     run: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -136,7 +139,16 @@ class BankReference:
             a_p = 1 / min(self.ns, self.ar_window)
             self.c0 += a_p * (rl * rl - self.c0)
             self.c1 += a_p * (rl * self.lprev - self.c1)
-            self.phi = self._phi_used(self.c1 / (self.c0 + 1e-12), min(self.ns, self.ar_window))
+            self.c2 += a_p * (rl * self.lprev2 - self.c2)
+            r1 = self.c1 / (self.c0 + 1e-12)
+            count = min(self.ns, self.ar_window)
+            phi = self._phi_used(r1, count)
+            if self.ar2_margin > 0:  # ARMA(1,1): phi = c2/c1, its lower confidence bound
+                ratio = min(self.c2 / max(self.c1, 1e-12), 1.0)
+                lcb = ratio - self.ar2_margin / (max(r1, 1e-3) * math.sqrt(count))
+                phi = min(max(phi, lcb, 0.0), self.ar_max)
+            self.phi = phi
+            self.lprev2 = self.lprev
             self.lprev = rl
         return self._alarm(t) if fire else None
 
@@ -236,5 +248,7 @@ class BankReference:
         self.sig, self.phi = sig, phi
         self.c0 = (sx / sig) ** 2
         self.c1 = est * self.c0
+        self.c2 = est * est * self.c0
         self.lprev = 0.0
+        self.lprev2 = 0.0
         self.ns = int(x.size)
