@@ -195,6 +195,7 @@ class BankCusum:
         cnt = np.maximum(np.arange(longest + 1, dtype=np.float64), 1.0)
         self._inv_n32 = (1.0 / cnt).astype(np.float32)
         self._ar_pad32 = (self.ar_margin / np.sqrt(cnt)).astype(np.float32)
+        self._ar2_pad32 = (self.ar2_margin / np.sqrt(cnt)).astype(np.float32)
         # Tables cut at a window, looked up with mode="clip": min(count, window) for free.
         self._inv_scale32 = self._inv_n32[: self.scale_window + 1]
         self._inv_ar32 = self._inv_n32[: self.ar_window + 1]
@@ -654,9 +655,14 @@ class BankCusum:
             c2 += lcb
             np.divide(c2, np.maximum(c1, _EPS32), out=lcb)
             np.minimum(lcb, np.float32(1.0), out=lcb)  # c1 near 0 or below: no estimate
+            # margin / sqrt(min(ns, ar_window)), from a table like the AR(1) pad.
+            pad2 = (
+                self._ar2_pad32[self.ar_window]
+                if ns_min >= ns_max
+                else np.take(self._ar2_pad32[: self.ar_window + 1], ns, mode="clip")
+            )
             r1 = np.maximum(est, np.float32(1e-3))
-            np.divide(np.float32(self.ar2_margin), r1, out=r1)
-            r1 *= np.sqrt(np.float32(1.0 / self.ar_window) if ns_sat else inv32)
+            np.divide(pad2, r1, out=r1)
             lcb -= r1
         # Use a bias-corrected upper confidence bound on phi: over-whitening costs a
         # little power, under-whitening costs false pages.
