@@ -9,7 +9,10 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    ±`clip`. Pre-whitening removes AR(1) autocorrelation; `phi` is an upper
    confidence bound, because under-whitening pages and over-whitening only
    slows. The Huber scale gives the clipped innovations unit second moment
-   under heavy tails too, so one threshold holds across noise shapes. While
+   under heavy tails too, so one threshold holds across noise shapes. A slow
+   signal under measurement noise is an ARMA(1,1), whose lag-1
+   autocorrelation understates phi: phi is also at least the lower
+   confidence bound of the lag-2 / lag-1 autocovariance ratio. While
    the baseline is young, ``z`` is shrunk by ``1 - youth / n``.
 3. **Bank.** One-sided CUSUMs in log-likelihood-ratio units for a geometric
    grid of shift sizes ``delta`` (sigma units), up and down:
@@ -30,6 +33,8 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    Level, scale and AR coefficient adapt slowly (windows of `baseline_window`,
    `scale_window`, `ar_window` samples) from the sample leaving the ring, i.e.
    `history` samples late, so a fresh shift is not absorbed before it alarms.
+   They see deviations bounded at `clip` marginal sigmas, so that spikes do
+   not drag phi down (under-whitening pages).
 5. **On alarm.** The onset is the maximum-likelihood split of the ring against
    the known baseline (or, for a slow shift that began before the ring, the
    start of the smallest member's run); deviations in the split are bounded so
