@@ -44,8 +44,10 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    last 16 successive differences spread wider than `spread_veto`² × stat/h
    times the variance its evidence assumed is dropped, and its statistics are
    divided by that ratio (the evidence re-measured at the local spread),
-   unless the post-change segment's own GLR at that spread still reaches 2h.
-   Differences are blind to a level step, so real shifts pass.
+   unless the post-change segment's own GLR at that spread still reaches 2h,
+   or the vetoes have kept coming for 32 windows (a spread that persists is
+   no burst: a shift that also made the noise jumpier must not wait for the
+   slow scale). Differences are blind to a level step, so real shifts pass.
    The cell re-baselines on its post-onset samples (burning in the rest).
    Alarms whose effect is below `min_rel_change` of the level re-baseline
    silently, without a detection.
@@ -70,6 +72,7 @@ _N_MAX = 1 << 30  # saturating sample counter
 _EPS32 = np.float32(1e-12)
 _SPREAD_PAIRS = 16  # recent successive differences behind the spread veto
 _SPREAD_MIN_PAIRS = 8  # fewer: no veto
+_SPREAD_PERSIST = 32  # windows of recurring vetoes after which the spread is no burst
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 
 
@@ -120,6 +123,8 @@ class BankCusum:
         "lprev2": np.float32,  # lagged deviation two samples back
         "jr": np.float32,  # signed run of consecutive windows beyond `jump` marginal sigmas
         "jm": np.float32,  # last window's deviation in marginal sigmas (unclipped), for `jr`
+        "vfirst": np.int32,  # `n` at the first spread veto of the current run of vetoes (0: none)
+        "vlast": np.int32,  # `n` at the latest spread veto
     }
 
     def __init__(
@@ -819,9 +824,21 @@ class BankCusum:
             lean = np.where(post, d, 0.0).sum(axis=1) / np.maximum(n_post, 1)
             lean *= (1.0 - s["phi"][cells]) / s["sig"][cells]
             glr = 0.5 * n_post * lean * lean / r2
+            # And unless the vetoes have kept coming for longer than a burst lasts: a
+            # shift whose noise also grew (thermal throttling: lower and jumpier) would
+            # otherwise wait for the slow scale. An alarm whose level did not move then
+            # meets `min_rel_change` like any other.
+            n_now = s["n"][cells].astype(np.int64)
+            vfirst, vlast = s["vfirst"][cells], s["vlast"][cells]
+            recurring = (vlast > 0) & (n_now - vlast <= _SPREAD_PERSIST)
+            persists = recurring & (n_now - vfirst >= _SPREAD_PERSIST)
             keep = jumped | (r2 <= self.spread_veto**2 * stat / self.h) | (glr >= 2.0 * self.h)
+            keep |= persists
             if not keep.all():
-                self._bank[:, cells[~keep]] /= r2[~keep].astype(np.float32)
+                drop = cells[~keep]
+                s["vfirst"][drop] = np.where(recurring[~keep], vfirst[~keep], n_now[~keep])
+                s["vlast"][drop] = n_now[~keep]
+                self._bank[:, drop] /= r2[~keep].astype(np.float32)
                 cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]
                 vals, post, onset = vals[keep], post[keep], onset[keep]
                 if not cells.size:
@@ -835,6 +852,8 @@ class BankCusum:
         # Re-baseline every alarming cell on its post-onset samples; drop the older ones.
         s["jr"][cells] = 0.0
         s["jm"][cells] = 0.0
+        s["vfirst"][cells] = 0
+        s["vlast"][cells] = 0
         self._bank[:, cells] = 0.0
         self._run[:, cells] = 0.0
         slots = (s["pos"][cells, None] + np.arange(hist)) % hist

@@ -49,6 +49,8 @@ class BankReference:
     spread_veto: float = math.sqrt(2.0)
     ar2_margin: float = 1.5
     jr: int = 0  # signed run of windows beyond `jump` marginal sigmas
+    vfirst: int = 0  # n at the first spread veto of the current run of vetoes
+    vlast: int = 0  # n at the latest spread veto
     ring: list[tuple[float, float]] = field(default_factory=list)  # (t, x); x NaN = dropped
     n: int = 0
     nb: int = 0
@@ -193,7 +195,12 @@ class BankReference:
                 dev = [self._clip(sign * (vals[i] - self.mu), lim) for i in valid if i >= first]
                 lean = sum(dev) / len(dev) * (1 - self.phi) / self.sig
                 glr = 0.5 * len(dev) * lean * lean / r2
-                if r2 > self.spread_veto**2 * stat / self.h and glr < 2 * self.h:
+                recurring = self.vlast > 0 and self.n - self.vlast <= 32
+                persists = recurring and self.n - self.vfirst >= 32
+                if r2 > self.spread_veto**2 * stat / self.h and glr < 2 * self.h and not persists:
+                    if not recurring:
+                        self.vfirst = self.n
+                    self.vlast = self.n
                     self.up = [u / r2 for u in self.up]
                     self.dn = [d / r2 for d in self.dn]
                     return None
@@ -204,6 +211,7 @@ class BankReference:
         self.dn = [0.0] * len(self.shifts)
         self.run = [0.0, 0.0]
         self.jr = 0
+        self.vfirst = self.vlast = 0
         self.ring = [(tt, v if i >= first else math.nan) for i, (tt, v) in enumerate(self.ring)]
         self.n = len(post)
         if self.n >= self.burn_in:
