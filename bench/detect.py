@@ -383,6 +383,7 @@ TELEMETRY: dict[str, str] = {
     "vol_bursts": "Gaussian, 20-window bursts of 3x the spread (0.2% of windows start one)",
     "ar0.9_noise": "AR(1) phi 0.9 plus white measurement noise of its variance (ARMA(1,1))",
     "ar0.95_noise": "the same with phi 0.95",
+    "wander_noise": "AR(1) phi 0.97 of sd 0.4 under Student-t4 noise of sd 1 (the simulator's MFU)",
 }
 
 
@@ -395,6 +396,10 @@ def telemetry_window(kind: str, state: dict[str, F64], rng: np.random.Generator)
         x = state["prev"] = phi * state["prev"] + e
         if kind.endswith("_noise"):
             x = x + rng.standard_normal(n)
+    elif kind == "wander_noise":
+        e = rng.standard_normal(n) * math.sqrt(1 - 0.97**2)
+        state["prev"] = 0.97 * state["prev"] + e
+        x = 0.4 * state["prev"] + rng.standard_t(4, n) / math.sqrt(2.0)
     elif kind.startswith("ar_t3_shocks"):
         e = rng.standard_t(3, n) / math.sqrt(3.0) * math.sqrt(1 - AR_PHI**2)
         x = state["prev"] = AR_PHI * state["prev"] + e

@@ -12,8 +12,12 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    under heavy tails too, so one threshold holds across noise shapes. A slow
    signal under measurement noise is an ARMA(1,1), whose lag-1
    autocorrelation understates phi: phi is also at least the lower
-   confidence bound of the lag-2 / lag-1 autocovariance ratio. While
-   the baseline is young, ``z`` is shrunk by ``1 - youth / n``.
+   confidence bound of the lag-2 / lag-1 autocovariance ratio. A slow
+   wander under heavy noise can leave persistence in that neither catches:
+   ``z`` is also divided by the square root of the innovations' long-run
+   variance ratio (from the mean square of their EW mean over `lrv_window`
+   windows), less two standard errors, so white and AR(1) cells are left
+   alone. While the baseline is young, ``z`` is shrunk by ``1 - youth / n``.
 3. **Bank.** One-sided CUSUMs in log-likelihood-ratio units for a geometric
    grid of shift sizes ``delta`` (sigma units), up and down:
    ``S = max(0, S + min(±delta*z - delta²/2, step_cap))``. The largest
@@ -73,6 +77,7 @@ _EPS32 = np.float32(1e-12)
 _SPREAD_PAIRS = 16  # recent successive differences behind the spread veto
 _SPREAD_MIN_PAIRS = 8  # fewer: no veto
 _SPREAD_PERSIST = 32  # windows of recurring vetoes after which the spread is no burst
+_LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest member's run is shorter
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 
 
@@ -125,6 +130,8 @@ class BankCusum:
         "jm": np.float32,  # last window's deviation in marginal sigmas (unclipped), for `jr`
         "vfirst": np.int32,  # `n` at the first spread veto of the current run of vetoes (0: none)
         "vlast": np.int32,  # `n` at the latest spread veto
+        "lm": np.float32,  # EW mean (window `lrv_window`) of the lagged, clipped innovations
+        "lv": np.float32,  # EW mean square of `lm`: the innovations' long-run variance / L
     }
 
     def __init__(
@@ -153,6 +160,8 @@ class BankCusum:
         jump_windows: int = 3,
         spread_veto: float = math.sqrt(2.0),
         ar2_margin: float = 1.5,
+        lrv_window: int = 32,
+        lrv_margin: float = 2.0,
         capacity: int = 1024,
     ) -> None:
         if n_metrics < 1:
@@ -165,8 +174,10 @@ class BankCusum:
             raise ValueError("3 <= burn_in <= history required")
         if min(baseline_window, scale_window, ar_window) < 1 or not 0 <= ar_max < 1:
             raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
-        if spread_veto < 0 or ar2_margin < 0:
-            raise ValueError("spread_veto >= 0 and ar2_margin >= 0 (0 = off) required")
+        if spread_veto < 0 or ar2_margin < 0 or lrv_window < 0 or lrv_margin < 0:
+            raise ValueError(
+                "spread_veto, ar2_margin, lrv_window (0 = off) and lrv_margin >= 0 required"
+            )
         if jump < 0 or jump_windows < 2:
             raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
         if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
@@ -191,6 +202,7 @@ class BankCusum:
         self.jump, self.jump_windows = float(jump), int(jump_windows)
         self.spread_veto = float(spread_veto)
         self.ar2_margin = float(ar2_margin)
+        self.lrv_window, self.lrv_margin = int(lrv_window), float(lrv_margin)
         if self.n_shifts == 1:
             self.shifts = np.array([self.min_shift])
         else:
@@ -206,10 +218,21 @@ class BankCusum:
         self._inv_n32 = (1.0 / cnt).astype(np.float32)
         self._ar_pad32 = (self.ar_margin / np.sqrt(cnt)).astype(np.float32)
         self._ar2_pad32 = (self.ar2_margin / np.sqrt(cnt)).astype(np.float32)
-        # Tables cut at a window, looked up with mode="clip": min(count, window) for free.
-        self._inv_scale32 = self._inv_n32[: self.scale_window + 1]
-        self._inv_ar32 = self._inv_n32[: self.ar_window + 1]
-        self._pad_ar32 = self._ar_pad32[: self.ar_window + 1]
+        # Long-run variance ratio: `lv` over its white-noise value kappa / (2L - 1) (the
+        # variance of an EW mean of window L), and that ratio's noise margin at n samples
+        # (about L-sample blocks carry one value each: standard error sqrt(2L / n)).
+        lw = max(self.lrv_window, 1)
+        self._lrv_unit = (2.0 * lw - 1.0) / self._kappa
+        self._lrv_pad32 = (self.lrv_margin * np.sqrt(2.0 * lw / cnt)).astype(np.float32)
+        # Tables by the scale / AR count ns (0..ns_max, saturating), min(ns, window) baked in:
+        # every index is in range, so the cheapest take (mode="wrap", intp indices) serves.
+        k_ar = np.minimum(np.arange(self._ns_max + 1), self.ar_window)
+        k_sc = np.minimum(np.arange(self._ns_max + 1), self.scale_window)
+        self._ns_inv_ar32 = self._inv_n32[k_ar]
+        self._ns_inv_scale32 = self._inv_n32[k_sc]
+        self._ns_pad_ar32 = self._ar_pad32[k_ar]
+        self._ns_pad_ar2_32 = self._ar2_pad32[k_ar]
+        self._ns_pad_lrv32 = self._lrv_pad32[k_ar]
         ages = np.maximum(np.arange(self._youth_until + 1, dtype=np.float64), 1.0)
         self._youth_u = np.clip(1.0 - self.youth / ages, 0.0, 1.0).astype(np.float32)
         self._youth_u[-1] = 1.0
@@ -235,6 +258,7 @@ class BankCusum:
             "abs_floor": self.abs_floor, "min_rel_change": self.min_rel_change,
             "jump": self.jump, "jump_windows": self.jump_windows,
             "spread_veto": self.spread_veto, "ar2_margin": self.ar2_margin,
+            "lrv_window": self.lrv_window, "lrv_margin": self.lrv_margin,
         }  # fmt: skip
 
     @property
@@ -504,6 +528,18 @@ class BankCusum:
         if self.youth > 0 and int(n.min()) < self._youth_until:
             # A young baseline is uncertain: shrink the evidence until it matures.
             z *= np.take(self._youth_u, n, mode="clip")
+        if self.lrv_window > 0:
+            # Persistence the whitening left in (a slow wander under measurement noise:
+            # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
+            # Deflate z by the innovations' long-run variance ratio, less its noise.
+            f = _get(s["lv"], sel) * np.float32(self._lrv_unit)
+            if int(ns.min()) >= self._ns_max:
+                f -= self._lrv_pad32[self.ar_window]
+            else:
+                f -= np.take(self._ns_pad_lrv32, ns.astype(np.intp), mode="wrap")
+            np.maximum(f, np.float32(1.0), out=f)
+            np.sqrt(f, out=f)
+            z /= f
 
         # Bank (float32: the statistics need no more precision).
         bank, run = _get(self._bank, sel), _get(self._run, sel)
@@ -588,7 +624,8 @@ class BankCusum:
         else:
             np.add(nb, w, out=nb)
             np.minimum(nb, bw, out=nb)
-            ab = np.take(self._inv_n32, nb)  # 1 / count: a running mean until the window
+            # 1 / count: a running mean until the window (nb <= baseline_window: in range).
+            ab = np.take(self._inv_n32, nb.astype(np.intp), mode="wrap")
             if not all_w:
                 ab *= w
             a_b = ab
@@ -612,14 +649,15 @@ class BankCusum:
             np.minimum(ns, ns_max, out=ns)
             if not dense:
                 s["ns"][sel] = ns
-            inv32 = np.take(self._inv_ar32, ns, mode="clip")  # 1 / min(ns, ar_window)
-            pad = np.take(self._pad_ar32, ns, mode="clip")
+            nsi = ns.astype(np.intp)
+            inv32 = np.take(self._ns_inv_ar32, nsi, mode="wrap")  # 1 / min(ns, ar_window)
+            pad = np.take(self._ns_pad_ar32, nsi, mode="wrap")
             a_p = inv32 if all_w else inv32 * w
             sw, aw = self.scale_window, self.ar_window
             if sw == aw or int(ns.max()) <= min(sw, aw):
                 a_s = a_p  # min(ns, scale_window) == min(ns, ar_window): the same weights
             else:
-                a_s = np.take(self._inv_scale32, ns, mode="clip")
+                a_s = np.take(self._ns_inv_scale32, nsi, mode="wrap")
                 if not all_w:
                     a_s *= w
         step = sig * rl
@@ -629,6 +667,31 @@ class BankCusum:
         # E[min(e², c²)] = kappa, multiplicative so sigma stays positive.
         el = phi * lprev
         np.subtract(rl, el, out=el)
+        if self.lrv_window > 0:
+            # Long-run variance of the lagged innovations: the mean square of their EW
+            # mean over `lrv_window`. Lagged, so a fresh shift does not inflate it before
+            # it alarms.
+            # It learns only while no shift is building up: a shift the bank has not
+            # called within `history` windows (slow, or vetoed) reaches the lagged samples,
+            # and its mean would read as persistence and deflate its own evidence.
+            lm, lv = _get(s["lm"], sel), _get(s["lv"], sel)
+            # 1.0 where it learns, 0.0 else (a product and a plain add beat a masked add).
+            calm = np.maximum(run[0], run[1])
+            np.less_equal(calm, np.float32(_LRV_CALM_RUN), out=calm, casting="unsafe")
+            if not all_w:
+                calm *= w
+            e = np.clip(el, -c, c)
+            e -= lm
+            e *= calm
+            e *= np.float32(1.0 / self.lrv_window)
+            lm += e
+            np.multiply(lm, lm, out=e)
+            e -= lv
+            e *= a_p
+            e *= calm
+            lv += e
+            if not dense:
+                s["lm"][sel], s["lv"][sel] = lm, lv
         el *= el
         np.minimum(el, self._buf("c2", size, c * c), out=el)
         el *= np.float32(0.5 / self._kappa)
@@ -669,7 +732,7 @@ class BankCusum:
             pad2 = (
                 self._ar2_pad32[self.ar_window]
                 if ns_min >= ns_max
-                else np.take(self._ar2_pad32[: self.ar_window + 1], ns, mode="clip")
+                else np.take(self._ns_pad_ar2_32, nsi, mode="wrap")
             )
             r1 = np.maximum(est, np.float32(1e-3))
             np.divide(pad2, r1, out=r1)
@@ -938,6 +1001,8 @@ class BankCusum:
         s["c0"][cells] = ratio2
         s["c1"][cells] = est * ratio2
         s["c2"][cells] = est * est * ratio2  # as an AR(1): no lag-2 evidence yet
+        s["lm"][cells] = 0.0
+        s["lv"][cells] = 1.0 / self._lrv_unit if self.lrv_window > 0 else 0.0
         s["lprev"][cells] = 0.0
         s["lprev2"][cells] = 0.0
         s["ns"][cells] = count.astype(np.int32)

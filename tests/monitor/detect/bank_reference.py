@@ -48,6 +48,8 @@ class BankReference:
     jump_windows: int = 3
     spread_veto: float = math.sqrt(2.0)
     ar2_margin: float = 1.5
+    lrv_window: int = 32
+    lrv_margin: float = 2.0
     jr: int = 0  # signed run of windows beyond `jump` marginal sigmas
     vfirst: int = 0  # n at the first spread veto of the current run of vetoes
     vlast: int = 0  # n at the latest spread veto
@@ -64,6 +66,8 @@ class BankReference:
     dprev: float = 0.0
     lprev: float = 0.0
     lprev2: float = 0.0
+    lm: float = 0.0  # EW mean of the lagged, clipped innovations
+    lv: float = 0.0  # EW mean square of lm
     up: list[float] = field(default_factory=list)
     dn: list[float] = field(default_factory=list)
     run: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -113,6 +117,11 @@ class BankReference:
         self.dprev = dz
         if self.n < self.youth_until:
             z *= min(max(1 - self.youth / self.n, 0.0), 1.0)
+        if self.lrv_window > 0:  # long-run variance ratio beyond its noise
+            unit = (2 * self.lrv_window - 1) / self.kappa
+            count = max(min(self.ns, self.ar_window), 1)
+            ratio = self.lv * unit - self.lrv_margin * math.sqrt(2 * self.lrv_window / count)
+            z /= math.sqrt(max(ratio, 1.0))
         fire = abs(self.jr) >= self.jump_windows
         for j, d in enumerate(self.shifts):
             a_up, a_dn = d * z - d * d / 2, -d * z - d * d / 2
@@ -134,7 +143,8 @@ class BankReference:
             self.nb = min(self.nb + 1, self.baseline_window)
             self.ns = min(self.ns + 1, max(self.scale_window, self.ar_window))
             self.mu += self.sig * rl / self.nb
-            el = min((rl - self.phi * self.lprev) ** 2, c * c)
+            innovation = rl - self.phi * self.lprev
+            el = min(innovation**2, c * c)
             a_s = 1 / min(self.ns, self.scale_window)
             self.sig *= 1 + a_s * (0.5 * el / self.kappa - 0.5)
             self.sig = max(self.sig, self.rel_floor * abs(self.mu), self.abs_floor)
@@ -142,6 +152,9 @@ class BankReference:
             self.c0 += a_p * (rl * rl - self.c0)
             self.c1 += a_p * (rl * self.lprev - self.c1)
             self.c2 += a_p * (rl * self.lprev2 - self.c2)
+            if self.lrv_window > 0 and max(self.run) <= 64:  # learns while no shift builds up
+                self.lm += (self._clip(innovation, c) - self.lm) / self.lrv_window
+                self.lv += a_p * (self.lm * self.lm - self.lv)
             r1 = self.c1 / (self.c0 + 1e-12)
             count = min(self.ns, self.ar_window)
             phi = self._phi_used(r1, count)
@@ -259,4 +272,6 @@ class BankReference:
         self.c2 = est * est * self.c0
         self.lprev = 0.0
         self.lprev2 = 0.0
+        self.lm = 0.0
+        self.lv = self.kappa / (2 * self.lrv_window - 1) if self.lrv_window > 0 else 0.0
         self.ns = int(x.size)

@@ -230,6 +230,56 @@ def test_lag_two_estimate_leaves_white_noise_alone() -> None:
     assert np.median(on) == np.median(off)
 
 
+def wander_under_noise(rng: np.random.Generator, t_len: int, n: int) -> np.ndarray:
+    """A device's efficiency: a slow AR(1) wander (phi 0.97, sd 0.4) under Student-t4
+    measurement noise of unit sd, the simulator's MFU shape. Its lag-1 autocorrelation is
+    about 0.13, yet its sums over tens of windows spread several times wider than white."""
+    e = rng.standard_t(4, (t_len, n, 1)) / math.sqrt(2.0)
+    return 10.0 + 0.4 * ar1(rng, (t_len, n, 1), 0.97) + e
+
+
+def test_long_run_variance_quiets_a_wander_under_noise() -> None:
+    """The innovations' long-run variance deflates the evidence where the whitening left
+    persistence in: over the second half of 3000 windows such streams alarm 4x less."""
+    rng = np.random.default_rng(47)
+    x = wander_under_noise(rng, 3000, 2000)
+    on = feed(BankCusum(1, min_rel_change=0.0), x)
+    off = feed(BankCusum(1, min_rel_change=0.0, lrv_window=0), x)
+    n_on = int(np.sum(on.detected_ts >= WINDOW * 1500))
+    n_off = int(np.sum(off.detected_ts >= WINDOW * 1500))
+    assert 3 * n_on <= n_off, (n_on, n_off)  # measured 54 and 228
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.5])
+def test_long_run_variance_leaves_white_noise_and_ar1_alone(phi: float) -> None:
+    """Where the whitening fits (white noise, a true AR(1)) the long-run variance ratio
+    stays within its noise margin: no cell is deflated."""
+    rng = np.random.default_rng(48)
+    shape = (3000, 1000, 1)
+    x = 10.0 + (ar1(rng, shape, phi) if phi else rng.standard_normal(shape))
+    det = BankCusum(1, min_rel_change=0.0)
+    feed(det, x)
+    s = det._s
+    ratio = s["lv"][:1000] * det._lrv_unit
+    pad = det._lrv_pad32[np.minimum(s["ns"][:1000], det.ar_window)]
+    assert float(np.mean(ratio - pad > 1.0)) <= 0.01  # measured 0.001 and 0 (median ratio ~0.8)
+
+
+def test_long_run_variance_matches_the_scalar_reference() -> None:
+    """Wander under noise, where the deflation acts (the output differs without it): the
+    vectorised engine still matches the scalar reference."""
+    rng = np.random.default_rng(49)
+    x = wander_under_noise(rng, 2500, 16)
+    got = feed(BankCusum(1, min_rel_change=0.0), x)
+    off = feed(BankCusum(1, min_rel_change=0.0, lrv_window=0), x)
+    assert got.detected_ts.tolist() != off.detected_ts.tolist()
+    for r in range(x.shape[1]):
+        ref = BankReference(min_rel_change=0.0, ar_max=0.98)
+        hits = [ref.update(WINDOW * t, float(x[t, r, 0])) for t in range(x.shape[0])]
+        want = [h.detected_ts for h in hits if h is not None]
+        assert want == got.detected_ts[got.rows == r].tolist(), r
+
+
 def test_jump_rule_ignores_a_decaying_shock() -> None:
     """Under AR(1) one huge heavy-tailed innovation stays beyond the jump bound for a few
     windows while it decays (20, 10, 5 sigma at phi 0.5): not a step. Without the decay test
@@ -343,8 +393,9 @@ def test_spread_veto_gives_way_when_the_wider_spread_persists() -> None:
     late = hits.detected_ts >= WINDOW * 600
     rows, ts = hits.rows[late], hits.detected_ts[late]
     delays = np.array([ts[rows == r].min() / WINDOW - 599 for r in np.unique(rows)])
-    assert delays.size >= 0.97 * 600  # measured 0.99
-    assert np.percentile(delays, 90) <= 100  # measured 81; 181 without the exemption
+    assert delays.size >= 0.97 * 600  # measured 586 (590 with lrv_window=0, 569 if the
+    # long-run variance learned during shifts too)
+    assert np.percentile(delays, 90) <= 100  # measured 71; 181 without the exemption
 
 
 def test_spread_veto_persistence_matches_the_scalar_reference() -> None:
