@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from monitor.detect import _blob, restore_detector
@@ -132,6 +132,7 @@ def test_large_step_found_within_a_few_windows(
 
 
 @settings(max_examples=20, deadline=None)
+@example(seed=16777217, size=10.0, sign=-1.0, heavy=True)
 @given(
     seed=st.integers(0, 2**32 - 1),
     size=st.floats(10.0, 1e4),
@@ -139,8 +140,10 @@ def test_large_step_found_within_a_few_windows(
     heavy=st.booleans(),
 )
 def test_huge_step_found_in_three_windows(seed: int, size: float, sign: float, heavy: bool) -> None:
-    """A step of >= 10 sigma alarms on its third window (the jump rule), not after the
-    bank's capped steps add up, whatever the noise's tails."""
+    """A step of >= 10 sigma alarms by its third window (the jump rule), not after the
+    bank's capped steps add up, whatever the noise's tails. A heavy-tailed outlier on the
+    step's side just before it can start the run a window early (hypothesis found seed
+    16777217: a 5-sigma window right before a -10 sigma step, found on its second window)."""
     rng = np.random.default_rng(seed)
     noise = (
         rng.standard_t(3, (420, 1, 1)) / np.sqrt(3) if heavy else rng.standard_normal((420, 1, 1))
@@ -150,7 +153,7 @@ def test_huge_step_found_in_three_windows(seed: int, size: float, sign: float, h
     hits = feed(BankCusum(1), x)
     late = hits.detected_ts >= WINDOW * 400
     assert late.sum() >= 1
-    assert hits.detected_ts[late][0] == WINDOW * 402
+    assert hits.detected_ts[late][0] <= WINDOW * 402
     assert abs(hits.onset_ts[late][0] - WINDOW * 399) <= WINDOW
     assert np.sign(hits.after[late][0] - hits.before[late][0]) == sign
 
