@@ -37,6 +37,10 @@ class LoadModel:
     """Per-group exponentially weighted least squares of a metric on load features."""
 
     kind: ClassVar[str] = "load_model"
+    # Per-group state arrays (leading axis: group).
+    _ARRAYS: ClassVar[tuple[str, ...]] = (
+        "_a", "_b", "_theta", "_seen", "_frozen", "_rabs", "_level",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -88,6 +92,41 @@ class LoadModel:
         self._seen, self._frozen = ext(self._seen, 0), ext(self._frozen, False)
         self._rabs, self._level = ext(self._rabs, 0.0), ext(self._level, np.nan)
         self._cap = cap
+
+    def reserve(self, n_groups: int) -> None:
+        """Make room for group ids below `n_groups` (capacity doubles, as on demand)."""
+        self._grow(int(n_groups))
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "forget": self.forget, "ridge": self.ridge, "intercept": self.intercept,
+            "warmup": self.warmup, "clip": self.clip,
+        }  # fmt: skip
+
+    def take_slots(self, slot: int, stride: int) -> LoadModel:
+        """The models of groups ``slot, slot + stride, ...`` as a model of their own (copies);
+        the capacity must be a multiple of `stride`."""
+        if self._cap % stride:
+            raise ValueError("capacity must be a multiple of the stride")
+        out = LoadModel(self.n_features, capacity=1, **self._params())
+        for name in self._ARRAYS:
+            setattr(out, name, getattr(self, name)[slot::stride].copy())
+        out._cap = self._cap // stride
+        return out
+
+    @classmethod
+    def interleave(cls, parts: dict[int, LoadModel], stride: int, **defaults: Any) -> LoadModel:
+        """One model whose group ``g * stride + slot`` is group g of ``parts[slot]``; slots
+        without a part (or groups past a part's capacity) start fresh."""
+        if not parts:
+            return cls(3, capacity=16 * stride, **defaults)
+        first = next(iter(parts.values()))
+        groups = max(p._cap for p in parts.values())
+        out = cls(first.n_features, capacity=groups * stride, **first._params())
+        for slot, part in parts.items():
+            for name in cls._ARRAYS:
+                getattr(out, name)[slot : part._cap * stride : stride] = getattr(part, name)
+        return out
 
     def _design(self, features: F64, n: int) -> F64:
         feats = np.asarray(features, dtype=np.float64).reshape(n, self.n_features)
