@@ -42,7 +42,9 @@ class LoadAdjuster:
         self.columns = columns
         self.min_support = float(min_support)
         self.extrapolated = 0  # samples withheld from detection: load outside the model's data
-        self._cols = np.array([i for i, m in enumerate(columns) if m in LOAD_SENSITIVE])
+        self._cols = np.array(
+            [i for i, m in enumerate(columns) if m in LOAD_SENSITIVE], dtype=np.int64
+        )
         self._forget = float(forget)
         n = max(self._cols.size, 1)
         self._model = LoadModel(3, forget=forget, capacity=16 * n)
