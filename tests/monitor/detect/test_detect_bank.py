@@ -268,6 +268,36 @@ def test_long_run_variance_leaves_white_noise_and_ar1_alone(phi: float) -> None:
     assert float(np.mean(ratio - pad > 1.0)) <= 0.01  # measured 0.001 and 0 (median ratio ~0.8)
 
 
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    level=st.floats(-1e9, 1e9, allow_nan=False),
+    scale=st.floats(1e-6, 1e3),
+    gaps=st.floats(0.0, 0.5),
+    flat=st.booleans(),
+)
+def test_long_run_variance_state_stays_finite_and_bounded(
+    seed: int, level: float, scale: float, gaps: float, flat: bool
+) -> None:
+    """Whatever the input (any level and scale, gaps, spikes, flat stretches), the long-run
+    variance state stays finite and within what clipped innovations allow: |lm| <= clip
+    (a mean of values clipped there), 0 <= lv <= clip² (a mean of lm²)."""
+    rng = np.random.default_rng(seed)
+    x = level + scale * (0.5 * ar1(rng, (600, 6, 1), 0.97) + rng.standard_t(2, (600, 6, 1)))
+    x[rng.random(x.shape) < gaps] = np.nan
+    x[rng.random(x.shape) < 0.01] *= 50.0
+    if flat:
+        x[200:350] = level
+    det = BankCusum(1, min_rel_change=0.0)
+    feed(det, x)
+    lm, lv = det._s["lm"][:6], det._s["lv"][:6]
+    assert np.isfinite(lm).all()
+    assert np.isfinite(lv).all()
+    assert (lv >= 0).all()
+    assert (np.abs(lm) <= det.clip + 1e-5).all()
+    assert (lv <= det.clip**2 + 1e-4).all()
+
+
 def test_long_run_variance_matches_the_scalar_reference() -> None:
     """Wander under noise, where the deflation acts (the output differs without it): the
     vectorised engine still matches the scalar reference."""
