@@ -373,9 +373,13 @@ class BankCusum:
             # costs far less than the gather path it avoids.
             slot = np.full(top, -1, dtype=np.int64)
             slot[rows] = np.arange(n)
-            order = slot[slot >= 0]
+            present = slot >= 0
+            order = slot[present]
             if order.size == n:
-                rows, ts, values = rows[order], ts[order], values[order]
+                # The sorted ids are where the slots are set (no gather); `take` gathers
+                # the rest at about half the cost of fancy indexing.
+                rows = np.flatnonzero(present)
+                ts, values = np.take(ts, order), np.take(values, order, axis=0)
                 ascending = True
         fin = np.isfinite(values)
         if ascending:
