@@ -266,15 +266,10 @@ class LoadModel:
     # -- checkpoints ------------------------------------------------------------------
     def snapshot(self) -> bytes:
         """All state and parameters as deterministic bytes."""
-        params = {
-            "n_features": self.n_features, "forget": self.forget, "ridge": self.ridge,
-            "intercept": self.intercept, "warmup": self.warmup, "clip": self.clip,
-            "groups": self._cap,
-        }  # fmt: skip
+        params = {"n_features": self.n_features, **self._params(), "groups": self._cap}
         arrays: dict[str, npt.NDArray[Any]] = {
-            "a": self._a, "b": self._b, "theta": self._theta, "seen": self._seen,
-            "frozen": self._frozen, "rabs": self._rabs, "level": self._level,
-        }  # fmt: skip
+            name.lstrip("_"): getattr(self, name) for name in self._ARRAYS
+        }
         return _blob.pack(self.kind, params, arrays)
 
     @classmethod
@@ -283,8 +278,7 @@ class LoadModel:
         params, arr = _blob.unpack(blob, cls.kind)
         groups = int(params.pop("groups"))
         model = cls(int(params.pop("n_features")), capacity=1, **params)
-        model._a, model._b, model._theta = arr["a"], arr["b"], arr["theta"]
-        model._seen, model._frozen = arr["seen"], arr["frozen"]
-        model._rabs, model._level = arr["rabs"], arr["level"]
+        for name in cls._ARRAYS:
+            setattr(model, name, arr[name.lstrip("_")])
         model._cap = groups
         return model
