@@ -79,6 +79,10 @@ _SPREAD_MIN_PAIRS = 8  # fewer: no veto
 _SPREAD_PERSIST = 32  # windows of recurring vetoes after which the spread is no burst
 _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest member's run is shorter
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
+# The time ring holds float32 seconds since the detector's epoch (half the bytes of
+# epoch seconds in float64, which float32 could not hold to the second). Within 2^20 s
+# (12 days) of the epoch a time is exact to 1/8 s; past that the epoch moves forward.
+_T_SPAN = float(1 << 20)
 
 
 def clipped_second_moment(c: float) -> float:
@@ -242,7 +246,8 @@ class BankCusum:
         self._bank = np.zeros((2 * self.n_shifts, 0), dtype=np.float32)
         self._run = np.zeros((2, 0), dtype=np.float32)
         self._ring = np.zeros((self.history, 0), dtype=np.float32)
-        self._tring = np.zeros((self.history, 0), dtype=np.float64)
+        self._tring = np.zeros((self.history, 0), dtype=np.float32)
+        self._t0 = math.nan  # epoch of the time ring: set by the first wave
         self._grow(max(int(capacity), 1))
 
     # -- parameters and state ------------------------------------------------
@@ -269,7 +274,7 @@ class BankCusum:
     def state_bytes_per_cell(self) -> int:
         """Bytes of state one (stream, metric) cell occupies."""
         scalars = sum(np.dtype(t).itemsize for t in self._SCALARS.values())
-        return scalars + (2 * self.n_shifts + 2) * 4 + self.history * (4 + 8)
+        return scalars + (2 * self.n_shifts + 2) * 4 + self.history * (4 + 4)
 
     def _grow(self, need_rows: int) -> None:
         if need_rows <= self._cap:
@@ -288,7 +293,7 @@ class BankCusum:
         run[:, :old] = self._run
         ring = np.full((self.history, cells), np.nan, dtype=np.float32)
         ring[:, :old] = self._ring
-        tring = np.full((self.history, cells), np.nan, dtype=np.float64)
+        tring = np.full((self.history, cells), np.nan, dtype=np.float32)
         tring[:, :old] = self._tring
         self._s, self._bank, self._run, self._cap = s, bank, run, cap
         self._ring, self._tring = ring, tring
@@ -334,7 +339,9 @@ class BankCusum:
         """
         rows = self._rows_in_use()
         params = self.params() | {"n_metrics": self.n_metrics, "rows": rows}
-        return _blob.pack(self.kind, params, self._arrays(rows))
+        # The time ring's epoch rides along as a one-element array (state, not a parameter).
+        arrays = self._arrays(rows) | {"tepoch": np.array([self._t0], dtype=np.float64)}
+        return _blob.pack(self.kind, params, arrays)
 
     @classmethod
     def restore(cls, blob: bytes) -> BankCusum:
@@ -349,9 +356,44 @@ class BankCusum:
             for name, dt in cls._SCALARS.items()
         }
         det._bank, det._run = arrays["bank"], arrays["run"]
-        det._ring, det._tring = arrays["ring"], arrays["tring"]
+        det._ring, tring = arrays["ring"], arrays["tring"]
+        if "tepoch" in arrays:
+            det._t0 = float(arrays["tepoch"][0])
+            det._tring = tring
+        else:
+            # A checkpoint from before the epoch: times in float64 epoch seconds.
+            known = tring[np.isfinite(tring)]
+            det._t0 = float(math.floor(float(known.max()))) if known.size else math.nan
+            det._tring = (tring - (0.0 if known.size == 0 else det._t0)).astype(np.float32)
         det._cap = rows
         return det
+
+    def _epoch(self, ts: F64) -> F64:
+        """Wave times relative to the time ring's epoch (moving the epoch when they run far)."""
+        if not math.isfinite(self._t0):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # no finite time yet
+                top = float(np.nanmax(ts))
+            if not math.isfinite(top):
+                return ts
+            self._t0 = float(math.floor(top))
+        rel = ts - self._t0
+        top = float(rel.max())  # NaN when any time is NaN: then check the finite ones
+        if not top <= _T_SPAN:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                top = float(np.nanmax(rel))
+            if top > _T_SPAN:
+                shift = math.floor(top)
+                # Once per 12 days of stream time: re-express the ring in the new epoch,
+                # through float64 and in blocks (no full-size float64 copy).
+                step = 1 << 16
+                for a in range(0, self._tring.shape[1], step):
+                    blk = self._tring[:, a : a + step]
+                    blk[...] = blk.astype(np.float64) - shift
+                self._t0 += shift
+                rel = ts - self._t0
+        return rel
 
     # -- hot path ----------------------------------------------------------------
     def update(self, rows: I64, ts: F64, values: F64) -> Detections:
@@ -361,7 +403,7 @@ class BankCusum:
         if n == 0:
             return Detections.empty()
         k = self.n_metrics
-        ts = np.asarray(ts, dtype=np.float64)
+        ts = self._epoch(np.asarray(ts, dtype=np.float64))
         values = np.asarray(values, dtype=np.float64).reshape(n, k)
         if int(rows.min()) < 0:
             raise ValueError("row ids must be >= 0")
@@ -824,7 +866,7 @@ class BankCusum:
         """Ring values and times of `cells`, oldest first, one row per cell."""
         order = (self._s["pos"][cells, None] + np.arange(self.history)) % self.history
         vals = np.take_along_axis(self._ring[:, cells].T, order, axis=1).astype(np.float64)
-        times = np.take_along_axis(self._tring[:, cells].T, order, axis=1)
+        times = np.take_along_axis(self._tring[:, cells].T, order, axis=1).astype(np.float64)
         return vals, times
 
     def _alarm(self, cells: I64, t: F64, stat: F64) -> Detections:
@@ -935,8 +977,8 @@ class BankCusum:
         return Detections(
             rows=cells[big] // k,
             cols=cells[big] % k,
-            detected_ts=t[big],
-            onset_ts=onset[big],
+            detected_ts=t[big] + self._t0,
+            onset_ts=onset[big] + self._t0,
             before=before[big],
             after=after[big],
             score=stat[big] / self.h,

@@ -590,7 +590,8 @@ def test_gaps_and_irregular_times() -> None:
     hits = Detections.concat([det.update(np.array([0]), ts[t : t + 1], x[t]) for t in range(T)])
     assert len(hits) == 1
     last_before = ts[:500][np.isfinite(x[:500, 0, 0])][-1]
-    assert hits.onset_ts[0] == last_before
+    # The time ring keeps float32 seconds since its epoch: exact to well under 1/8 s.
+    assert hits.onset_ts[0] == pytest.approx(last_before, abs=0.125)
     assert hits.detected_ts[0] <= ts[510]
 
 
@@ -661,6 +662,62 @@ def test_restore_accepts_a_checkpoint_from_before_a_new_scalar() -> None:
     later = 10.0 + rng.standard_normal((50, 5, 1))
     later[25:] += 30.0
     assert len(feed(old, later, t0=3000.0)) == 5
+
+
+def test_epoch_seconds_keep_onsets_to_the_sample() -> None:
+    """Unix-epoch times (float32 could not hold them to 2 minutes): onsets land on the
+    sample before the step, and the detection time is the wave's own time exactly."""
+    rng = np.random.default_rng(8)
+    start = 1_764_480_000.25  # 2025-11-30, a quarter second past
+    x = 10.0 + rng.standard_normal((400, 4, 1))
+    x[300:] += 4.0
+    det = BankCusum(1)
+    hits = feed(det, x, t0=start)
+    assert sorted(hits.rows.tolist()) == [0, 1, 2, 3]
+    ts = start + WINDOW * np.arange(400)
+    assert np.isin(hits.detected_ts, ts).all()
+    np.testing.assert_allclose(hits.onset_ts, ts[299], rtol=0, atol=0.125)
+
+
+def test_time_ring_epoch_moves_after_a_long_run() -> None:
+    """Past 2^20 s from its epoch the ring re-expresses its times: onsets stay exact, and
+    a checkpoint taken either side restores to identical outputs."""
+    rng = np.random.default_rng(12)
+    start = 1_764_480_000.0
+    det = BankCusum(1)
+    feed(det, 10.0 + rng.standard_normal((300, 3, 1)), t0=start)
+    epoch = det._t0
+    later = start + 200 * 86_400.0 + 0.3  # 200 days on: float32 could not hold it to 2 s
+    x = 10.0 + rng.standard_normal((200, 3, 1))
+    x[100:] += 4.0
+    twin = BankCusum.restore(det.snapshot())
+    a, b = feed(det, x, t0=later), feed(twin, x, t0=later)
+    assert det._t0 > epoch + 2**20
+    assert sorted(a.rows.tolist()) == [0, 1, 2]
+    np.testing.assert_allclose(a.onset_ts, later + WINDOW * 99, rtol=0, atol=0.125)
+    for f in ("rows", "detected_ts", "onset_ts", "before", "after", "score"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert det.snapshot() == twin.snapshot()
+
+
+def test_restore_accepts_a_checkpoint_with_float64_times() -> None:
+    """A checkpoint from before the time ring's epoch (epoch seconds in float64) restores
+    and goes on like the detector that wrote it, to the ring's resolution."""
+    rng = np.random.default_rng(13)
+    start = 1_764_480_000.0
+    x = 10.0 + rng.standard_normal((400, 4, 1))
+    x[320:, :2] += 4.0
+    det = BankCusum(1)
+    feed(det, x[:300], t0=start)
+    params, arrays = _blob.unpack(det.snapshot(), "bank")
+    arrays["tring"] = arrays["tring"].astype(np.float64) + arrays.pop("tepoch")[0]
+    old = BankCusum.restore(_blob.pack("bank", params, arrays))
+    assert old._tring.dtype == np.float32
+    a = feed(det, x[300:], t0=start + WINDOW * 300)
+    b = feed(old, x[300:], t0=start + WINDOW * 300)
+    assert sorted(a.rows.tolist()) == sorted(b.rows.tolist()) == [0, 1]
+    np.testing.assert_array_equal(a.detected_ts, b.detected_ts)
+    np.testing.assert_allclose(a.onset_ts, b.onset_ts, rtol=0, atol=0.125)
 
 
 def test_snapshot_holds_only_rows_in_use() -> None:
