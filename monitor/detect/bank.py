@@ -415,14 +415,21 @@ class BankCusum:
             # costs far less than the gather path it avoids.
             slot = np.full(top, -1, dtype=np.int64)
             slot[rows] = np.arange(n)
-            present = slot >= 0
-            order = slot[present]
-            if order.size == n:
-                # The sorted ids are where the slots are set (no gather); `take` gathers
-                # the rest at about half the cost of fancy indexing.
-                rows = np.flatnonzero(present)
-                ts, values = np.take(ts, order), np.take(values, order, axis=0)
+            if top == n and int(slot.min()) >= 0:
+                # Every row of 0..n-1 once (every stream reported): the slots are the
+                # order itself, and the sorted ids are 0..n-1 (no mask to build and apply).
+                rows = np.arange(n, dtype=np.int64)
+                ts, values = np.take(ts, slot), np.take(values, slot, axis=0)
                 ascending = True
+            else:
+                present = slot >= 0
+                order = slot[present]
+                if order.size == n:
+                    # The sorted ids are where the slots are set (no gather); `take`
+                    # gathers the rest at about half the cost of fancy indexing.
+                    rows = np.flatnonzero(present)
+                    ts, values = np.take(ts, order), np.take(values, order, axis=0)
+                    ascending = True
         fin = np.isfinite(values)
         if ascending:
             lo, hi = int(rows[0]), int(rows[-1]) + 1
