@@ -11,13 +11,18 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    slows. The Huber scale gives the clipped innovations unit second moment
    under heavy tails too, so one threshold holds across noise shapes. A slow
    signal under measurement noise is an ARMA(1,1), whose lag-1
-   autocorrelation understates phi: phi is also at least the lower
-   confidence bound of the lag-2 / lag-1 autocovariance ratio. A slow
+   autocorrelation understates phi: where the lower confidence bound of
+   the lag-2 / lag-1 autocovariance ratio clearly beats the AR(1) bound,
+   phi is that ratio itself and an MA(1) term, ``u = w + theta * u_prev``
+   with ``w = d - phi * d_prev`` and theta from w's lag-1 autocorrelation
+   (at most `ma_max`), undoes what it over-whitens; z is u in its own
+   sigmas, and the level's marginal spread there is ``sqrt(c0)``. A slow
    wander under heavy noise can leave persistence in that neither catches:
    ``z`` is also divided by the square root of the innovations' long-run
    variance ratio (from the mean square of their EW mean over `lrv_window`
-   windows), less two standard errors, so white and AR(1) cells are left
-   alone. While the baseline is young, ``z`` is shrunk by ``1 - youth / n``.
+   windows), less two standard errors (ARMA cells: the point estimate), so
+   white and AR(1) cells are left alone. While the baseline is young, ``z``
+   is shrunk by ``1 - youth / n``.
 3. **Bank.** One-sided CUSUMs in log-likelihood-ratio units for a geometric
    grid of shift sizes ``delta`` (sigma units), up and down:
    ``S = max(0, S + min(±delta*z - delta²/2, step_cap))``. The largest
@@ -136,6 +141,9 @@ class BankCusum:
         "vlast": np.int32,  # `n` at the latest spread veto
         "lm": np.float32,  # EW mean (window `lrv_window`) of the lagged, clipped innovations
         "lv": np.float32,  # EW mean square of `lm`: the innovations' long-run variance / L
+        "theta": np.float32,  # MA(1) coefficient (0 unless phi came from c2/c1)
+        "uprev": np.float32,  # previous ARMA innovation (front-end)
+        "ulprev": np.float32,  # previous lagged ARMA innovation (long-run variance)
     }
 
     def __init__(
@@ -166,6 +174,7 @@ class BankCusum:
         ar2_margin: float = 1.5,
         lrv_window: int = 32,
         lrv_margin: float = 2.0,
+        ma_max: float = 0.9,
         capacity: int = 1024,
     ) -> None:
         if n_metrics < 1:
@@ -182,6 +191,8 @@ class BankCusum:
             raise ValueError(
                 "spread_veto, ar2_margin, lrv_window (0 = off) and lrv_margin >= 0 required"
             )
+        if not 0 <= ma_max < 1:
+            raise ValueError("0 <= ma_max < 1 required (0 = no MA term)")
         if jump < 0 or jump_windows < 2:
             raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
         if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
@@ -207,6 +218,8 @@ class BankCusum:
         self.spread_veto = float(spread_veto)
         self.ar2_margin = float(ar2_margin)
         self.lrv_window, self.lrv_margin = int(lrv_window), float(lrv_margin)
+        self.ma_max = float(ma_max)
+        self._ma_rmax = self.ma_max / (1.0 + self.ma_max**2)  # lag-1 |rho| of w at ma_max
         if self.n_shifts == 1:
             self.shifts = np.array([self.min_shift])
         else:
@@ -264,6 +277,7 @@ class BankCusum:
             "jump": self.jump, "jump_windows": self.jump_windows,
             "spread_veto": self.spread_veto, "ar2_margin": self.ar2_margin,
             "lrv_window": self.lrv_window, "lrv_margin": self.lrv_margin,
+            "ma_max": self.ma_max,
         }  # fmt: skip
 
     @property
@@ -569,10 +583,49 @@ class BankCusum:
         marg = phi * phi
         np.subtract(np.float32(1.0), marg, out=marg)
         np.sqrt(marg, out=marg)
+        # ARMA(1,1) cells (theta > 0; rare outside slow signals under noise): the MA
+        # term's work below touches only them.
+        th_now = _get(s["theta"], sel) if self.ma_max > 0 else None
+        ma_at = np.flatnonzero(th_now > 0) if th_now is not None else None
+        if ma_at is not None and ma_at.size == 0:
+            ma_at = None
+        th_at: F32 | None = None
+        bmask: npt.NDArray[np.bool_] | None = None
+        if ma_at is not None:
+            assert th_now is not None  # noqa: S101 - ma_at comes from it
+            th_at = th_now[ma_at]
+            if burn is not None:
+                bmask = np.zeros(size, dtype=np.bool_)
+                bmask[burn] = True
+            # phi is the slow part's root there, so the level's marginal sd is sqrt(c0)
+            # innovation sigmas, not 1 / sqrt(1 - phi²) (for phi 0.97 that would put the
+            # jump rule's bound at 25 sigmas and leave the slow estimates' bound open).
+            marg[ma_at] = np.float32(1.0) / np.sqrt(np.maximum(c0[ma_at], _EPS32))
         jumped = self._jump_runs(sel, dz, phi, marg, ns, burn) if self.jump > 0 else None
         np.clip(dz, -self._dclip, self._dclip, out=dz)
         z = phi * dprev
         np.subtract(dz, z, out=z)
+        if th_now is not None:
+            # A slow signal under measurement noise (an ARMA(1,1)): w = d - phi d_prev
+            # still carries the noise's MA(1) part, u = w + theta u_prev does not; its
+            # variance is w's / (1 + theta²). Where theta is 0, u is w (bounded at
+            # dclip): z is the plain AR(1) innovation, and a cell that turns ARMA starts
+            # its recursion from its last w.
+            uprev = _get(s["uprev"], sel)
+            u_at = None
+            if ma_at is not None and th_at is not None:
+                u_at = th_at * uprev[ma_at]
+                u_at += z[ma_at]
+                np.clip(u_at, -self._dclip, self._dclip, out=u_at)
+            keep_u = None if burn is None else uprev[burn]  # burning cells keep their state
+            np.clip(z, -self._dclip, self._dclip, out=uprev)
+            if ma_at is not None and u_at is not None and th_at is not None:
+                uprev[ma_at] = u_at
+                z[ma_at] = u_at * np.sqrt(th_at * th_at + np.float32(1.0))
+            if keep_u is not None and burn is not None:
+                uprev[burn] = keep_u
+            if not dense:
+                s["uprev"][sel] = uprev
         np.clip(z, -c, c, out=z)
         if burn is not None:
             z[burn] = 0.0
@@ -587,9 +640,16 @@ class BankCusum:
             # Deflate z by the innovations' long-run variance ratio, less its noise.
             f = _get(s["lv"], sel) * np.float32(self._lrv_unit)
             if int(ns.min()) >= self._ns_max:
-                f -= self._lrv_pad32[self.ar_window]
+                padl: F32 | np.float32 = self._lrv_pad32[self.ar_window]
             else:
-                f -= np.take(self._ns_pad_lrv32, ns.astype(np.intp), mode="wrap")
+                padl = np.take(self._ns_pad_lrv32, ns.astype(np.intp), mode="wrap")
+            if ma_at is not None:
+                # ARMA cells are deflated by the point estimate: their long-run variance
+                # learns at all times (below), and what the MA term leaves is real.
+                f_at = f[ma_at]
+            f -= padl
+            if ma_at is not None:
+                f[ma_at] = f_at
             np.maximum(f, np.float32(1.0), out=f)
             np.sqrt(f, out=f)
             z /= f
@@ -731,9 +791,33 @@ class BankCusum:
             # 1.0 where it learns, 0.0 else (a product and a plain add beat a masked add).
             calm = np.maximum(run[0], run[1])
             np.less_equal(calm, np.float32(_LRV_CALM_RUN), out=calm, casting="unsafe")
+            if ma_at is not None:
+                # ARMA cells always learn: their innovations keep more slow power than
+                # an AR(1)'s, so runs past the calm bound are common there, and a
+                # long-run variance that stopped learning would let it page.
+                calm[ma_at] = 1.0
             if not all_w:
                 calm *= w
             e = np.clip(el, -c, c)
+            if th_now is not None:
+                # The same recursion on the lagged innovations (their long-run variance
+                # is the ARMA innovations' in ARMA cells), u = w where theta is 0.
+                ulp = _get(s["ulprev"], sel)
+                ul = None
+                if ma_at is not None and th_at is not None:
+                    ul = th_at * ulp[ma_at]
+                    ul += el[ma_at]
+                    np.clip(ul, -self._dclip, self._dclip, out=ul)
+                keep_l = None if off is None else ulp[off]  # no lagged sample: it stays
+                np.clip(el, -self._dclip, self._dclip, out=ulp)
+                if ma_at is not None and ul is not None and th_at is not None:
+                    ulp[ma_at] = ul
+                    ul *= np.sqrt(th_at * th_at + np.float32(1.0))
+                    e[ma_at] = np.clip(ul, -c, c)
+                if keep_l is not None and off is not None:
+                    ulp[off] = keep_l
+                if not dense:
+                    s["ulprev"][sel] = ulp
             e -= lm
             e *= calm
             e *= np.float32(1.0 / self.lrv_window)
@@ -799,12 +883,46 @@ class BankCusum:
         else:
             est += (1.0 + 3.0 * est) * inv32
             est += pad
+        at = None
         if lcb is not None:
+            if self.ma_max > 0:
+                # Where c2/c1's lower bound clearly beats the AR(1) bound, the cell is an
+                # ARMA(1,1): whiten with c2/c1 itself and let the MA term undo what
+                # that over-whitens (the bound alone under-whitens the slow part).
+                at = np.flatnonzero(lcb > est)
+                if burn is not None and at.size:
+                    nb_ = np.ones(size, dtype=np.bool_)
+                    nb_[burn] = False
+                    at = at[nb_[at]]
+                if at.size:
+                    ratio = c2[at] / np.maximum(c1[at], _EPS32)
+                    lcb[at] = np.minimum(ratio, np.float32(1.0))
             np.maximum(est, lcb, out=est)
         np.clip(est, 0.0, self.ar_max, out=est)
         if burn is not None:
             est[burn] = phi[burn]  # recomputing could differ in the last bit: keep it
         phi[...] = est
+        if th_now is not None:
+            # MA(1) term where phi came from c2/c1 (a slow signal under noise): theta
+            # from the lag-1 autocorrelation rho of w = d - phi d_prev that c0, c1, c2
+            # imply (w = u - theta u_prev: theta / (1 + theta²) = -rho), at most ma_max.
+            if at is None:
+                at = np.empty(0, dtype=np.int64)
+            if ma_at is not None:
+                # Cells that were ARMA: to 0 unless recomputed below (burning ones keep it).
+                old = ma_at if bmask is None else ma_at[~bmask[ma_at]]
+                th_now[old] = 0.0
+            if at.size:
+                fa, a0, a1, a2 = est[at], c0[at], c1[at], c2[at]
+                p2 = fa * fa + np.float32(1.0)
+                gw0 = a0 * p2 - np.float32(2.0) * fa * a1
+                gw1 = a1 * p2 - fa * (a0 + a2)
+                r = -gw1 / np.maximum(gw0, _EPS32)
+                np.clip(r, np.float32(1e-6), np.float32(self._ma_rmax), out=r)
+                t1 = np.float32(1.0) - np.sqrt(np.float32(1.0) - np.float32(4.0) * r * r)
+                th_now[at] = t1 / (np.float32(2.0) * r)
+            if not dense and (at.size or ma_at is not None):
+                s["theta"][sel] = th_now
         keep = None if off is None else lprev[off]
         if self.ar2_margin > 0:
             keep2 = None if off is None else lprev2[off]
@@ -1070,6 +1188,8 @@ class BankCusum:
         last = vals[np.arange(cells.size), newest] - mu
         s["mu"][cells] = mu
         s["dprev"][cells] = np.clip(last / s["sig"][cells], -self._dclip, self._dclip)
+        s["uprev"][cells] = 0.0
+        s["ulprev"][cells] = 0.0
         s["nb"][cells] = fin.sum(axis=1).astype(np.int32)
         s["n"][cells] = np.maximum(s["n"][cells], self.burn_in)
         # Samples already counted in the level must not be folded in again later.

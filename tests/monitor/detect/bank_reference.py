@@ -50,6 +50,7 @@ class BankReference:
     ar2_margin: float = 1.5
     lrv_window: int = 32
     lrv_margin: float = 2.0
+    ma_max: float = 0.9
     jr: int = 0  # signed run of windows beyond `jump` marginal sigmas
     vfirst: int = 0  # n at the first spread veto of the current run of vetoes
     vlast: int = 0  # n at the latest spread veto
@@ -68,6 +69,9 @@ class BankReference:
     lprev2: float = 0.0
     lm: float = 0.0  # EW mean of the lagged, clipped innovations
     lv: float = 0.0  # EW mean square of lm
+    theta: float = 0.0  # MA(1) coefficient, > 0 only where phi comes from c2/c1
+    uprev: float = 0.0  # previous ARMA innovation
+    ulprev: float = 0.0  # previous lagged ARMA innovation
     up: list[float] = field(default_factory=list)
     dn: list[float] = field(default_factory=list)
     run: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -82,10 +86,20 @@ class BankReference:
     def _clip(self, v: float, b: float) -> float:
         return min(max(v, -b), b)
 
-    def _phi_used(self, est: float, count: float) -> float:
+    def _phi_bound(self, est: float, count: float) -> float:
         count = max(count, 1.0)
-        v = est + (1 + 3 * est) / count + self.ar_margin / math.sqrt(count)
-        return min(max(v, 0.0), self.ar_max)
+        return est + (1 + 3 * est) / count + self.ar_margin / math.sqrt(count)
+
+    def _phi_used(self, est: float, count: float) -> float:
+        return min(max(self._phi_bound(est, count), 0.0), self.ar_max)
+
+    def _theta(self) -> float:
+        """theta / (1 + theta²) = -rho1(w), w = d - phi d_prev, from c0, c1, c2."""
+        p = self.phi
+        gw0 = self.c0 * (1 + p * p) - 2 * p * self.c1
+        gw1 = self.c1 * (1 + p * p) - p * (self.c0 + self.c2)
+        r = min(max(-gw1 / max(gw0, 1e-12), 1e-6), self.ma_max / (1 + self.ma_max**2))
+        return (1 - math.sqrt(1 - 4 * r * r)) / (2 * r)
 
     def update(self, t: float, x: float) -> RefHit | None:
         """Feed one sample; a detection when one completes (NaN: ignored)."""
@@ -103,7 +117,9 @@ class BankReference:
     def _active(self, t: float, x: float, xl: float) -> RefHit | None:
         c = self.clip
         raw = (x - self.mu) / self.sig
-        marginal = raw * math.sqrt(1 - self.phi * self.phi)  # the level's own sigmas
+        # The level's own sigmas: sqrt(c0) innovation sigmas in an ARMA(1,1) cell.
+        marg = 1 / math.sqrt(max(self.c0, 1e-12)) if self.theta > 0 else math.sqrt(1 - self.phi**2)
+        marginal = raw * marg
         if self.ns < 128:  # the scale is not trusted for the jump rule yet
             self.jr = 0
         elif self.jump > 0 and marginal > self.jump:
@@ -113,14 +129,20 @@ class BankReference:
         else:
             self.jr = 0
         dz = self._clip(raw, self.dclip)
-        z = self._clip(dz - self.phi * self.dprev, c)
+        w = dz - self.phi * self.dprev
+        if self.ma_max > 0:  # ARMA(1,1) innovation u = w + theta u_prev (u = w at theta 0)
+            u = self._clip(w + self.theta * self.uprev, self.dclip)
+            self.uprev = u
+            w = u * math.sqrt(1 + self.theta * self.theta)
+        z = self._clip(w, c)
         self.dprev = dz
         if self.n < self.youth_until:
             z *= min(max(1 - self.youth / self.n, 0.0), 1.0)
         if self.lrv_window > 0:  # long-run variance ratio beyond its noise
             unit = (2 * self.lrv_window - 1) / self.kappa
             count = max(min(self.ns, self.ar_window), 1)
-            ratio = self.lv * unit - self.lrv_margin * math.sqrt(2 * self.lrv_window / count)
+            pad = self.lrv_margin * math.sqrt(2 * self.lrv_window / count)
+            ratio = self.lv * unit - (pad if self.theta <= 0 else 0.0)  # ARMA: point estimate
             z /= math.sqrt(max(ratio, 1.0))
         fire = abs(self.jr) >= self.jump_windows
         for j, d in enumerate(self.shifts):
@@ -139,7 +161,7 @@ class BankReference:
             fire = fire or max(self.up[j], self.dn[j]) > self.h
         if math.isfinite(xl):
             rl = self._clip((xl - self.mu) / self.sig, self.dclip)
-            rl = self._clip(rl, c / math.sqrt(1 - self.phi * self.phi))  # clip marginal sigmas
+            rl = self._clip(rl, c / marg)  # clip marginal sigmas
             self.nb = min(self.nb + 1, self.baseline_window)
             self.ns = min(self.ns + 1, max(self.scale_window, self.ar_window))
             self.mu += self.sig * rl / self.nb
@@ -152,17 +174,29 @@ class BankReference:
             self.c0 += a_p * (rl * rl - self.c0)
             self.c1 += a_p * (rl * self.lprev - self.c1)
             self.c2 += a_p * (rl * self.lprev2 - self.c2)
-            if self.lrv_window > 0 and max(self.run) <= 64:  # learns while no shift builds up
-                self.lm += (self._clip(innovation, c) - self.lm) / self.lrv_window
-                self.lv += a_p * (self.lm * self.lm - self.lv)
+            if self.lrv_window > 0:
+                lag = innovation
+                if self.ma_max > 0:
+                    ul = self._clip(innovation + self.theta * self.ulprev, self.dclip)
+                    self.ulprev = ul
+                    lag = ul * math.sqrt(1 + self.theta * self.theta)
+                # Learns while no shift builds up; ARMA cells always.
+                if max(self.run) <= 64 or self.theta > 0:
+                    self.lm += (self._clip(lag, c) - self.lm) / self.lrv_window
+                    self.lv += a_p * (self.lm * self.lm - self.lv)
             r1 = self.c1 / (self.c0 + 1e-12)
             count = min(self.ns, self.ar_window)
-            phi = self._phi_used(r1, count)
+            bound = self._phi_bound(r1, count)
+            phi = min(max(bound, 0.0), self.ar_max)
+            arma = False
             if self.ar2_margin > 0:  # ARMA(1,1): phi = c2/c1, its lower confidence bound
                 ratio = min(self.c2 / max(self.c1, 1e-12), 1.0)
                 lcb = ratio - self.ar2_margin / (max(r1, 1e-3) * math.sqrt(count))
-                phi = min(max(phi, lcb, 0.0), self.ar_max)
+                arma = self.ma_max > 0 and lcb > bound
+                # Clearly ARMA: c2/c1 itself, and the MA term undoes what it over-whitens.
+                phi = min(max(bound, ratio if arma else lcb, 0.0), self.ar_max)
             self.phi = phi
+            self.theta = self._theta() if arma else 0.0
             self.lprev2 = self.lprev
             self.lprev = rl
         return self._alarm(t) if fire else None
@@ -241,6 +275,7 @@ class BankReference:
         mu = float(np.median(vals[fin]))
         self.mu = mu
         self.dprev = self._clip((vals[fin][-1] - mu) / self.sig, self.dclip)
+        self.uprev = self.ulprev = 0.0
         self.nb = int(fin.sum())
         self.n = max(self.n, self.burn_in)
         self.ring = [(tt, math.nan) for tt, _ in self.ring]
