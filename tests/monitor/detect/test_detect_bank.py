@@ -307,7 +307,8 @@ def test_long_run_variance_state_stays_finite_and_bounded(
 ) -> None:
     """Whatever the input (any level and scale, gaps, spikes, flat stretches), the long-run
     variance state stays finite and within what clipped innovations allow: |lm| <= clip
-    (a mean of values clipped there), 0 <= lv <= clip² (a mean of lm²)."""
+    (a mean of values clipped there), 0 <= lv <= clip² (a mean of lm²); so does the MA
+    term's (the wander under heavy noise makes ARMA cells)."""
     rng = np.random.default_rng(seed)
     x = level + scale * (0.5 * ar1(rng, (600, 6, 1), 0.97) + rng.standard_t(2, (600, 6, 1)))
     x[rng.random(x.shape) < gaps] = np.nan
@@ -322,6 +323,13 @@ def test_long_run_variance_state_stays_finite_and_bounded(
     assert (lv >= 0).all()
     assert (np.abs(lm) <= det.clip + 1e-5).all()
     assert (lv <= det.clip**2 + 1e-4).all()
+    # The MA term's state too: 0 <= theta <= ma_max, recursions within the front-end bound.
+    th, up, ul = (det._s[k][:6] for k in ("theta", "uprev", "ulprev"))
+    for arr in (th, up, ul):
+        assert np.isfinite(arr).all()
+    assert ((th >= 0) & (th <= det.ma_max + 1e-6)).all()
+    assert (np.abs(up) <= det._dclip + 1e-4).all()
+    assert (np.abs(ul) <= det._dclip + 1e-4).all()
 
 
 def test_long_run_variance_matches_the_scalar_reference() -> None:
