@@ -11,16 +11,17 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    slows. The Huber scale gives the clipped innovations unit second moment
    under heavy tails too, so one threshold holds across noise shapes. A slow
    signal under measurement noise is an ARMA(1,1), whose lag-1
-   autocorrelation understates phi: where the lower confidence bound of
-   the lag-2 / lag-1 autocovariance ratio clearly beats the AR(1) bound,
-   phi is that ratio itself and an MA(1) term, ``u = w + theta * u_prev``
-   with ``w = d - phi * d_prev`` and theta from w's lag-1 autocorrelation
-   (at most `ma_max`), undoes what it over-whitens; z is u in its own
-   sigmas, and the level's marginal spread there is ``sqrt(c0)``. A slow
+   autocorrelation understates phi: phi is also at least the lower
+   confidence bound of the lag-2 / lag-1 autocovariance ratio. Opt-in
+   (`ma_max` > 0): where that bound clearly beats the AR(1) bound, phi is
+   the ratio itself and an MA(1) term, ``u = w + theta * u_prev`` with
+   ``w = d - phi * d_prev`` and theta from w's lag-1 autocorrelation (at
+   most `ma_max`), undoes what it over-whitens; z is u in its own sigmas,
+   and the level's marginal spread there is ``sqrt(c0)``. A slow
    wander under heavy noise can leave persistence in that neither catches:
    ``z`` is also divided by the square root of the innovations' long-run
    variance ratio (from the mean square of their EW mean over `lrv_window`
-   windows), less two standard errors (ARMA cells: the point estimate), so
+   windows), less two standard errors (MA cells: the point estimate), so
    white and AR(1) cells are left alone. While the baseline is young, ``z``
    is shrunk by ``1 - youth / n``.
 3. **Bank.** One-sided CUSUMs in log-likelihood-ratio units for a geometric
@@ -174,7 +175,7 @@ class BankCusum:
         ar2_margin: float = 1.5,
         lrv_window: int = 32,
         lrv_margin: float = 2.0,
-        ma_max: float = 0.9,
+        ma_max: float = 0.0,
         capacity: int = 1024,
     ) -> None:
         if n_metrics < 1:

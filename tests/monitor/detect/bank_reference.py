@@ -50,7 +50,7 @@ class BankReference:
     ar2_margin: float = 1.5
     lrv_window: int = 32
     lrv_margin: float = 2.0
-    ma_max: float = 0.9
+    ma_max: float = 0.0  # the engine default: no MA term
     jr: int = 0  # signed run of windows beyond `jump` marginal sigmas
     vfirst: int = 0  # n at the first spread veto of the current run of vetoes
     vlast: int = 0  # n at the latest spread veto
