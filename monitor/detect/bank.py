@@ -612,21 +612,10 @@ class BankCusum:
             # variance is w's / (1 + theta²). Where theta is 0, u is w (bounded at
             # dclip): z is the plain AR(1) innovation, and a cell that turns ARMA starts
             # its recursion from its last w.
-            uprev = _get(s["uprev"], sel)
-            u_at = None
-            if ma_at is not None and th_at is not None:
-                u_at = th_at * uprev[ma_at]
-                u_at += z[ma_at]
-                np.clip(u_at, -self._dclip, self._dclip, out=u_at)
-            keep_u = None if burn is None else uprev[burn]  # burning cells keep their state
-            np.clip(z, -self._dclip, self._dclip, out=uprev)
-            if ma_at is not None and u_at is not None and th_at is not None:
-                uprev[ma_at] = u_at
-                z[ma_at] = u_at * np.sqrt(th_at * th_at + np.float32(1.0))
-            if keep_u is not None and burn is not None:
-                uprev[burn] = keep_u
-            if not dense:
-                s["uprev"][sel] = uprev
+            # Burning cells keep their state.
+            u_at = self._ma_recursion("uprev", sel, z, ma_at, th_at, burn)
+            if ma_at is not None and u_at is not None:
+                z[ma_at] = u_at
         np.clip(z, -c, c, out=z)
         if burn is not None:
             z[burn] = 0.0
@@ -803,22 +792,10 @@ class BankCusum:
             if th_now is not None:
                 # The same recursion on the lagged innovations (their long-run variance
                 # is the ARMA innovations' in ARMA cells), u = w where theta is 0.
-                ulp = _get(s["ulprev"], sel)
-                ul = None
-                if ma_at is not None and th_at is not None:
-                    ul = th_at * ulp[ma_at]
-                    ul += el[ma_at]
-                    np.clip(ul, -self._dclip, self._dclip, out=ul)
-                keep_l = None if off is None else ulp[off]  # no lagged sample: it stays
-                np.clip(el, -self._dclip, self._dclip, out=ulp)
-                if ma_at is not None and ul is not None and th_at is not None:
-                    ulp[ma_at] = ul
-                    ul *= np.sqrt(th_at * th_at + np.float32(1.0))
+                # Cells without a lagged sample keep their state.
+                ul = self._ma_recursion("ulprev", sel, el, ma_at, th_at, off)
+                if ma_at is not None and ul is not None:
                     e[ma_at] = np.clip(ul, -c, c)
-                if keep_l is not None and off is not None:
-                    ulp[off] = keep_l
-                if not dense:
-                    s["ulprev"][sel] = ulp
             e -= lm
             e *= calm
             e *= np.float32(1.0 / self.lrv_window)
@@ -948,6 +925,35 @@ class BankCusum:
             np.maximum(stat, h32, out=stat, where=jumped)
         idx = np.flatnonzero(hit)
         return self._alarm(_cells_of(sel)[idx], t[idx], stat[idx].astype(np.float64))
+
+    def _ma_recursion(
+        self,
+        name: str,
+        sel: slice | I64,
+        w: F32,
+        ma_at: I64 | None,
+        th_at: F32 | None,
+        keep: I64 | None,
+    ) -> F32 | None:
+        """Advance the MA state `name`: u = w + theta u_prev in the ARMA cells `ma_at`, u = w
+        elsewhere, bounded at dclip; cells at `keep` keep theirs. The ARMA cells' u in its
+        own sigmas (u sqrt(1 + theta²)), or None when there are none."""
+        prev = _get(self._s[name], sel)
+        u_at = None
+        if ma_at is not None and th_at is not None:
+            u_at = th_at * prev[ma_at]
+            u_at += w[ma_at]
+            np.clip(u_at, -self._dclip, self._dclip, out=u_at)
+        kept = None if keep is None else prev[keep]
+        np.clip(w, -self._dclip, self._dclip, out=prev)
+        if ma_at is not None and u_at is not None and th_at is not None:
+            prev[ma_at] = u_at
+            u_at = u_at * np.sqrt(th_at * th_at + np.float32(1.0))
+        if keep is not None and kept is not None:
+            prev[keep] = kept
+        if not isinstance(sel, slice):
+            self._s[name][sel] = prev
+        return u_at
 
     def _jump_runs(
         self, sel: slice | I64, dz: F32, phi: F32, marg: F32, ns: I32, burn: I64 | None
