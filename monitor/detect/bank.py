@@ -591,13 +591,9 @@ class BankCusum:
         if ma_at is not None and ma_at.size == 0:
             ma_at = None
         th_at: F32 | None = None
-        bmask: npt.NDArray[np.bool_] | None = None
         if ma_at is not None:
             assert th_now is not None  # noqa: S101 - ma_at comes from it
             th_at = th_now[ma_at]
-            if burn is not None:
-                bmask = np.zeros(size, dtype=np.bool_)
-                bmask[burn] = True
             # phi is the slow part's root there, so the level's marginal sd is sqrt(c0)
             # innovation sigmas, not 1 / sqrt(1 - phi²) (for phi 0.97 that would put the
             # jump rule's bound at 25 sigmas and leave the slow estimates' bound open).
@@ -868,10 +864,8 @@ class BankCusum:
                 # ARMA(1,1): whiten with c2/c1 itself and let the MA term undo what
                 # that over-whitens (the bound alone under-whitens the slow part).
                 at = np.flatnonzero(lcb > est)
-                if burn is not None and at.size:
-                    nb_ = np.ones(size, dtype=np.bool_)
-                    nb_[burn] = False
-                    at = at[nb_[at]]
+                if idle is not None and at.size:
+                    at = at[~idle[at]]  # burning and absent cells keep theirs
                 if at.size:
                     ratio = c2[at] / np.maximum(c1[at], _EPS32)
                     lcb[at] = np.minimum(ratio, np.float32(1.0))
@@ -888,7 +882,7 @@ class BankCusum:
                 at = np.empty(0, dtype=np.int64)
             if ma_at is not None:
                 # Cells that were ARMA: to 0 unless recomputed below (burning ones keep it).
-                old = ma_at if bmask is None else ma_at[~bmask[ma_at]]
+                old = ma_at if idle is None else ma_at[~idle[ma_at]]
                 th_now[old] = 0.0
             if at.size:
                 fa, a0, a1, a2 = est[at], c0[at], c1[at], c2[at]
