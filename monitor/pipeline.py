@@ -118,6 +118,10 @@ class Pipeline:
         self.advisor = Advisor(lookback_s=settings.alerts.change_lookback_s)
         self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
         self.counters: Counter[str] = Counter()
+        # Per stream kind: what the detectors' alarms became, and the change points by
+        # metric and materiality, so a noisy metric shows on /metrics before it pages.
+        self.alarm_counts: Counter[tuple[str, str]] = Counter()
+        self.point_counts: Counter[tuple[str, str, bool]] = Counter()
         self.unknown_hw: list[tuple[str, str | None, str | None]] = []
         self.partition_ts: dict[int, float] = {}
 
@@ -343,6 +347,11 @@ class Pipeline:
                     continue
                 levels = det if scale is None else _rescale(det, rows[wave], scale)
                 found.extend(self._points(st.table, levels, det, view.partition, kind))
+            drain = getattr(detector, "drain_stats", None)
+            if drain is not None:
+                for outcome, n in drain().items():
+                    if n:
+                        self.alarm_counts[kind, outcome] += n
         for row, k_ts, _old, _new in frame.kernel_changes:
             name, layer_type = st.table.device_of_layer_row(row)
             dev = st.table.devices[name]
@@ -365,6 +374,8 @@ class Pipeline:
         shift = np.abs(det.after - det.before)
         material = (shift >= floor) & (shift >= rel * np.abs(det.before))
         self.counters["change_points_immaterial"] += int((~material).sum())
+        for col, mat in zip(det.cols.tolist(), material.tolist(), strict=True):
+            self.point_counts[kind, names[col], mat] += 1
         out: list[ChangePoint] = []
         window_s = next(iter(table.devices.values())).window_s if table.devices else 10.0
         for i in np.flatnonzero(material):

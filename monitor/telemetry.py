@@ -111,12 +111,23 @@ class DaemonCollector(Collector):
         yield _counter("flopwatch_change_events_total", "Change events read.", c["changes_in"])
         points = CounterMetricFamily(
             "flopwatch_change_points_total",
-            "Change points found; material=false ones were below the minimum shift.",
-            labels=["material"],
+            "Change points found, by stream kind (layer, device, pool_layer, pool_device) and "
+            "metric; material=false ones were below the metric's minimum shift.",
+            labels=["stream", "metric", "material"],
         )
-        points.add_metric(["true"], c["change_points"])
-        points.add_metric(["false"], c["change_points_immaterial"])
+        for (stream, metric, material), n in sorted(p.point_counts.items()):
+            points.add_metric([stream, metric, "true" if material else "false"], n)
         yield points
+        alarms = CounterMetricFamily(
+            "flopwatch_detector_alarms_total",
+            "Detector alarms by stream kind and outcome: reported (a change point), vetoed "
+            "(a burst of spread, not a level shift) or below_min_change (re-baselined "
+            "silently under detector.params.min_rel_change).",
+            labels=["stream", "outcome"],
+        )
+        for (stream, outcome), n in sorted(p.alarm_counts.items()):
+            alarms.add_metric([stream, outcome], n)
+        yield alarms
         yield _counter(
             "flopwatch_load_extrapolated_total",
             "Samples withheld from detection because the load model had too little data at "

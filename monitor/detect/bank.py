@@ -84,6 +84,9 @@ _SPREAD_PAIRS = 16  # recent successive differences behind the spread veto
 _SPREAD_MIN_PAIRS = 8  # fewer: no veto
 _SPREAD_PERSIST = 32  # windows of recurring vetoes after which the spread is no burst
 _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest member's run is shorter
+# What an alarm (the statistic crossing h, or a jump run) became: a detection, dropped by
+# the spread veto (a burst of spread), or a silent re-baseline below `min_rel_change`.
+ALARM_OUTCOMES = ("reported", "vetoed", "below_min_change")
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 # The time ring holds float32 seconds since the detector's epoch (half the bytes of
 # epoch seconds in float64, which float32 could not hold to the second). Within 2^20 s
@@ -262,6 +265,8 @@ class BankCusum:
         self._ring = np.zeros((self.history, 0), dtype=np.float32)
         self._tring = np.zeros((self.history, 0), dtype=np.float32)
         self._t0 = math.nan  # epoch of the time ring: set by the first wave
+        # What became of alarms since the last `drain_stats` (process counters, not state).
+        self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
         self._grow(max(int(capacity), 1))
 
     # -- parameters and state ------------------------------------------------
@@ -280,6 +285,11 @@ class BankCusum:
             "lrv_window": self.lrv_window, "lrv_margin": self.lrv_margin,
             "ma_max": self.ma_max,
         }  # fmt: skip
+
+    def drain_stats(self) -> dict[str, int]:
+        """Alarms by outcome (`ALARM_OUTCOMES`) since the last call; the counts restart."""
+        out, self._stats = self._stats, dict.fromkeys(ALARM_OUTCOMES, 0)
+        return out
 
     @property
     def capacity(self) -> int:
@@ -1071,6 +1081,7 @@ class BankCusum:
             keep |= persists
             if not keep.all():
                 drop = cells[~keep]
+                self._stats["vetoed"] += int(drop.size)
                 s["vfirst"][drop] = np.where(recurring[~keep], vfirst[~keep], n_now[~keep])
                 s["vlast"][drop] = n_now[~keep]
                 self._bank[:, drop] /= r2[~keep].astype(np.float32)
@@ -1083,6 +1094,9 @@ class BankCusum:
         big = np.abs(after - before) >= self.min_rel_change * np.maximum(
             np.abs(before), self.abs_floor
         )
+        n_big = int(np.count_nonzero(big))
+        self._stats["reported"] += n_big
+        self._stats["below_min_change"] += int(big.size) - n_big
 
         # Re-baseline every alarming cell on its post-onset samples; drop the older ones.
         s["jr"][cells] = 0.0

@@ -74,6 +74,16 @@ async def test_counters_follow_records_dead_letters_and_alerts() -> None:
                  for s in m.samples if s.labels["reason"].startswith("malformed JSON")]  # fmt: skip
     assert [s.value for s in malformed] == [1]
     assert _value(registry, "flopwatch_change_events_total") == 1
+    # The regressed layer's MFU fired as material change points, counted by stream and
+    # metric, and every reported alarm became a change point.
+    pipe = runner.pipeline
+    assert (_value(registry, "flopwatch_change_points_total", stream="layer", metric="mfu",
+                   material="true") or 0) > 0  # fmt: skip
+    reported = sum(n for (_, outcome), n in pipe.alarm_counts.items() if outcome == "reported")
+    assert reported == sum(pipe.point_counts.values()) > 0
+    for (stream, outcome), n in pipe.alarm_counts.items():
+        assert _value(registry, "flopwatch_detector_alarms_total", stream=stream,
+                      outcome=outcome) == n  # fmt: skip
     assert _value(registry, "flopwatch_streams", kind="device") == 32
     assert _value(registry, "flopwatch_streams", kind="layer") == 64
     assert _value(registry, "flopwatch_detector_state_bytes", partition="0") > 0

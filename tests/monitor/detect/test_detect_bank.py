@@ -412,10 +412,17 @@ def test_spread_veto_cuts_false_alarms_in_bursts_of_spread() -> None:
     windows without the veto in the benchmark, 6.5 with it."""
     rng = np.random.default_rng(31)
     x = 10.0 + bursts_of_spread(rng, (1500, 4000))[:, :, None]
-    on = feed(BankCusum(1, min_rel_change=0.0), x)
+    det_on = BankCusum(1, min_rel_change=0.0)
+    on = feed(det_on, x)
     off = feed(BankCusum(1, min_rel_change=0.0, spread_veto=0.0), x)
     assert len(on) <= 0.5 * len(off), (len(on), len(off))
     assert len(on) <= 9e-5 * x.size, len(on)
+    # The alarm counts say what the veto did (and restart once read).
+    stats = det_on.drain_stats()
+    assert stats["reported"] == len(on)
+    assert stats["vetoed"] > 0
+    assert stats["below_min_change"] == 0
+    assert sum(det_on.drain_stats().values()) == 0
 
 
 @pytest.mark.parametrize("kind", ["gauss", "t3"])
@@ -601,6 +608,9 @@ def test_small_significant_shift_rebaselines_silently() -> None:
     det = BankCusum(1, min_rel_change=0.03)
     assert len(feed(det, x)) == 0
     assert np.allclose(det._s["mu"][:6], 1.01, atol=0.002)  # it moved to the new level
+    stats = det.drain_stats()  # every stream alarmed and re-baselined without a detection
+    assert stats["below_min_change"] >= 6
+    assert stats["reported"] == 0
 
 
 def test_scale_floor_keeps_flat_series_sane() -> None:
