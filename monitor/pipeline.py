@@ -352,6 +352,8 @@ class Pipeline:
                 for outcome, n in drain().items():
                     if n:
                         self.alarm_counts[kind, outcome] += n
+        if frame.kernel_changes:
+            self.point_counts["layer", "kernel", True] += len(frame.kernel_changes)
         for row, k_ts, _old, _new in frame.kernel_changes:
             name, layer_type = st.table.device_of_layer_row(row)
             dev = st.table.devices[name]
