@@ -537,7 +537,7 @@ class BankCusum:
             if here is None:
                 xl = np.take(ring, flat).astype(np.float64)
                 ring[flat] = x.astype(np.float32)
-                tring[flat] = t
+                tring[flat] = t.astype(np.float32)  # cast first: a casting store is slow
                 pos += 1
             else:
                 # Absent cells' slots are neither written nor even read.
@@ -546,7 +546,7 @@ class BankCusum:
                 xl = np.full(x.size, np.nan)
                 xl[at] = np.take(ring, flat).astype(np.float64)
                 ring[flat] = np.take(x, at).astype(np.float32)
-                tring[flat] = np.take(t, at)
+                tring[flat] = np.take(t, at).astype(np.float32)
                 pos += here
             pos *= pos != hist  # wrap around
             if not dense:
