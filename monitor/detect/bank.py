@@ -6,10 +6,13 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    coefficient and a Huber (proposal 2) scale of the AR innovations.
 2. **Front-end.** Each sample becomes a standardised innovation
    ``z = (d - phi * d_prev) / sigma`` with ``d = x - level``, clipped at
-   ±`clip`. Pre-whitening removes AR(1) autocorrelation; `phi` is an upper
-   confidence bound, because under-whitening pages and over-whitening only
-   slows. The Huber scale gives the clipped innovations unit second moment
-   under heavy tails too, so one threshold holds across noise shapes. A slow
+   ±`clip`. Where d or d_prev lies beyond ``clip * (1 + ar_max)`` sigmas,
+   the pair is scaled down together to that bound first, so the geometric
+   decay of a heavy-tailed shock whitens to nothing. Pre-whitening removes
+   AR(1) autocorrelation; `phi` is an upper confidence bound, because
+   under-whitening pages and over-whitening only slows. The Huber scale
+   gives the clipped innovations unit second moment under heavy tails too,
+   so one threshold holds across noise shapes. A slow
    signal under measurement noise is an ARMA(1,1), whose lag-1
    autocorrelation understates phi: phi is also at least the lower
    confidence bound of the lag-2 / lag-1 autocovariance ratio. Opt-in
@@ -88,6 +91,7 @@ _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest membe
 # the spread veto (a burst of spread), or a silent re-baseline below `min_rel_change`.
 ALARM_OUTCOMES = ("reported", "vetoed", "below_min_change")
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
+_DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
 # The time ring holds float32 seconds since the detector's epoch (half the bytes of
 # epoch seconds in float64, which float32 could not hold to the second). Within 2^20 s
 # (12 days) of the epoch a time is exact to 1/8 s; past that the epoch moves forward.
@@ -135,7 +139,7 @@ class BankCusum:
         "phi": np.float32,  # AR(1) coefficient in use (estimate + bias + margin)
         "c0": np.float32,  # EW lag-0 autocovariance of lagged deviations (sigma units)
         "c1": np.float32,  # EW lag-1 autocovariance
-        "dprev": np.float32,  # previous deviation (sigma units, clipped), for whitening
+        "dprev": np.float32,  # previous deviation (sigma units), for whitening
         "lprev": np.float32,  # previous lagged deviation, for the AR estimate
         "c2": np.float32,  # EW lag-2 autocovariance (sigma units)
         "lprev2": np.float32,  # lagged deviation two samples back
@@ -609,9 +613,21 @@ class BankCusum:
             # jump rule's bound at 25 sigmas and leave the slow estimates' bound open).
             marg[ma_at] = np.float32(1.0) / np.sqrt(np.maximum(c0[ma_at], _EPS32))
         jumped = self._jump_runs(sel, dz, phi, marg, ns, burn) if self.jump > 0 else None
-        np.clip(dz, -self._dclip, self._dclip, out=dz)
+        # Whitening with the pair (d, d_prev) bounded together: where either is beyond
+        # `dclip` sigmas, both are scaled down by the same factor, so the innovation keeps
+        # its sign and proportion. Clipping each alone turned a shock's decay (d_prev 20,
+        # d 10 under phi 0.5: innovation 0) into windows of (1 - phi) * dclip, which
+        # paged on heavy-tailed shocks. The bound itself keeps an under-estimated phi on a
+        # slow metric from turning a long excursion into a run of large innovations.
+        np.clip(dz, -_DZ_FINITE, _DZ_FINITE, out=dz)  # finite: no inf - inf below
         z = phi * dprev
         np.subtract(dz, z, out=z)
+        big = np.abs(dz)
+        np.maximum(big, np.abs(dprev), out=big)
+        bound = self._buf("dclip", size, self._dclip)
+        np.maximum(big, bound, out=big)
+        np.divide(bound, big, out=big)
+        z *= big
         if th_now is not None:
             # A slow signal under measurement noise (an ARMA(1,1)): w = d - phi d_prev
             # still carries the noise's MA(1) part, u = w + theta u_prev does not; its
@@ -1202,7 +1218,7 @@ class BankCusum:
         newest = self.history - 1 - np.argmax(fin[:, ::-1], axis=1)
         last = vals[np.arange(cells.size), newest] - mu
         s["mu"][cells] = mu
-        s["dprev"][cells] = np.clip(last / s["sig"][cells], -self._dclip, self._dclip)
+        s["dprev"][cells] = np.clip(last / s["sig"][cells], -_DZ_FINITE, _DZ_FINITE)
         s["uprev"][cells] = 0.0
         s["ulprev"][cells] = 0.0
         s["nb"][cells] = fin.sum(axis=1).astype(np.int32)

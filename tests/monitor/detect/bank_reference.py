@@ -39,7 +39,7 @@ class BankReference:
     baseline_window: int = 512
     scale_window: int = 1024
     ar_window: int = 4096
-    ar_max: float = 0.8
+    ar_max: float = 0.98  # the engine default
     ar_margin: float = 1.0
     rel_floor: float = 1e-3
     abs_floor: float = 1e-9
@@ -128,8 +128,9 @@ class BankReference:
             self.jr = min(self.jr, 0) - 1
         else:
             self.jr = 0
-        dz = self._clip(raw, self.dclip)
-        w = dz - self.phi * self.dprev
+        dz = self._clip(raw, 1e6)
+        # Beyond dclip, d and d_prev are scaled down together (a shock's decay whitens to 0).
+        w = (dz - self.phi * self.dprev) * self.dclip / max(abs(dz), abs(self.dprev), self.dclip)
         if self.ma_max > 0:  # ARMA(1,1) innovation u = w + theta u_prev (u = w at theta 0)
             u = self._clip(w + self.theta * self.uprev, self.dclip)
             self.uprev = u
@@ -274,7 +275,7 @@ class BankReference:
             self._first_baseline(vals, fin)
         mu = float(np.median(vals[fin]))
         self.mu = mu
-        self.dprev = self._clip((vals[fin][-1] - mu) / self.sig, self.dclip)
+        self.dprev = self._clip((vals[fin][-1] - mu) / self.sig, 1e6)
         self.uprev = self.ulprev = 0.0
         self.nb = int(fin.sum())
         self.n = max(self.n, self.burn_in)

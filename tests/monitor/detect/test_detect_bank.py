@@ -379,6 +379,30 @@ def test_jump_rule_ignores_a_decaying_shock() -> None:
     assert len(with_jump) <= len(without) + 15  # 0.5 per 1e5 windows at most
 
 
+@pytest.mark.parametrize("size", [40.0, 80.0])
+def test_a_decaying_shock_adds_no_evidence(size: float) -> None:
+    """One huge innovation under AR(1) (40 or 80 sigmas at phi 0.5) decays geometrically;
+    whitened, its decay is no innovation at all. Clipping d and d_prev one by one made it
+    windows of (1 - phi) * dclip, so the bank rose to 9-10 and 9-58% of the streams
+    paged; scaled together, the largest member peaks at the clip (2.5)."""
+    rng = np.random.default_rng(5)
+    t_len, n, at = 600, 1000, 500
+    e = rng.standard_normal((t_len, n)) * math.sqrt(0.75)
+    e[at] += size * math.sqrt(0.75) * rng.choice([-1.0, 1.0], n)
+    x = np.empty((t_len, n))
+    x[0] = rng.standard_normal(n)
+    for t in range(1, t_len):
+        x[t] = 0.5 * x[t - 1] + e[t]
+    det, rows = BankCusum(1, min_rel_change=0.0), np.arange(n)
+    alarms, peak = 0, np.zeros(n, dtype=np.float32)
+    for t in range(t_len):
+        alarms += len(det.update(rows, np.full(n, WINDOW * t), 10.0 + x[t][:, None]))
+        if at <= t < at + 8:
+            np.maximum(peak, det._bank[:, :n].max(axis=0), out=peak)
+    assert float(np.median(peak)) <= 3.0
+    assert alarms <= 0.03 * n
+
+
 def test_jump_rule_still_takes_a_step_under_autocorrelation() -> None:
     """The decay test must not cost a real step its third-window alarm: a 12-sigma step on
     AR(1) noise (phi 0.5 and 0.9) alarms on its third window."""
