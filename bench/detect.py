@@ -55,7 +55,7 @@ from monitor.config import DetectorSettings
 from monitor.detect.bank import BankCusum
 from monitor.detect.base import Detections
 from monitor.load import LoadAdjuster
-from monitor.metrics import DEFAULT_MIN_REL_CHANGE, MIN_ABS_CHANGE, MIN_REL_CHANGE
+from monitor.metrics import material_floors
 
 F64 = npt.NDArray[np.float64]
 NOISES = ("gauss", "t3", "ar1")
@@ -715,8 +715,7 @@ def _scenario(sim: Any, frame_indicator: Any, metrics: tuple[str, ...]) -> dict[
     adjuster = LoadAdjuster(metrics, d.load_forget, d.load_min_support)
     # The daemon reports a change point only when it is material: at least the metric's
     # absolute floor and relative share (monitor.metrics), in metric units.
-    floor_abs = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in metrics])
-    floor_rel = np.array([MIN_REL_CHANGE.get(m, DEFAULT_MIN_REL_CHANGE) for m in metrics])
+    floor_abs, floor_rel = material_floors(metrics)
     found: dict[str, list[tuple[int, int, float, float, bool]]] = {"raw": [], "load_aware": []}
     windows = 0
     for frame in sim.frames():

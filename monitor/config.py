@@ -101,6 +101,15 @@ class DetectorSettings(_Frozen):
         "judged (0 = always); fewer = extrapolation, e.g. a pool's first burst",
     )
     stream_ttl_s: float = Field(default=3600.0, gt=0, description="expire silent streams after")
+    material_rel: dict[str, float] = Field(
+        default_factory=dict,
+        description="per metric: smallest shift reported, relative to the level before "
+        "(overrides the defaults in monitor/metrics.py, e.g. {lat_p99_ms: 0.2})",
+    )
+    material_abs: dict[str, float] = Field(
+        default_factory=dict,
+        description="per metric: smallest shift reported, in the metric's units",
+    )
 
     @model_validator(mode="after")
     def _known_params(self) -> DetectorSettings:
@@ -111,6 +120,21 @@ class DetectorSettings(_Frozen):
         unknown = sorted(set(self.params) - set(valid))
         if unknown:
             raise ValueError(f"unknown detector.params {unknown} for kind {self.kind!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _known_metrics(self) -> DetectorSettings:
+        """Reject floors for metrics the daemon does not derive, and negative ones."""
+        from monitor.metrics import DEVICE_METRICS, LAYER_METRICS  # noqa: PLC0415
+
+        for name, floors in (("material_rel", self.material_rel),
+                             ("material_abs", self.material_abs)):  # fmt: skip
+            unknown = sorted(set(floors) - set(LAYER_METRICS) - set(DEVICE_METRICS))
+            if unknown:
+                raise ValueError(f"unknown metrics in detector.{name}: {unknown}")
+            negative = sorted(m for m, v in floors.items() if not v >= 0)
+            if negative:
+                raise ValueError(f"detector.{name} must be >= 0: {negative}")
         return self
 
     def engine_params(self) -> dict[str, float]:

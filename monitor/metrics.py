@@ -85,6 +85,21 @@ MIN_REL_CHANGE: dict[str, float] = {
 }  # fmt: skip
 DEFAULT_MIN_REL_CHANGE = 0.05
 
+
+def material_floors(
+    metrics: tuple[str, ...],
+    rel: dict[str, float] | None = None,
+    abs_: dict[str, float] | None = None,
+) -> tuple[F64, F64]:
+    """(absolute, relative) reporting floors per metric column, `rel` / `abs_` overriding."""
+    rel, abs_ = rel or {}, abs_ or {}
+    floor_abs = np.array([abs_.get(m, MIN_ABS_CHANGE.get(m, 0.0)) for m in metrics])
+    floor_rel = np.array(
+        [rel.get(m, MIN_REL_CHANGE.get(m, DEFAULT_MIN_REL_CHANGE)) for m in metrics]
+    )
+    return floor_abs, floor_rel
+
+
 # Layer columns fed in, in this order, by the stream table.
 LAYER_INPUTS: tuple[str, ...] = (
     "flops", "busy_s", "cycles", "stall_mem_cycles", "occupancy", "bytes_hbm",

@@ -23,22 +23,10 @@ from monitor.detect.base import F64, I64, Detections, Detector
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.lifecycle import AlertLifecycle
 from monitor.load import LoadAdjuster
-from monitor.metrics import (
-    DEFAULT_MIN_REL_CHANGE,
-    DEVICE_METRICS,
-    LAYER_METRICS,
-    MIN_ABS_CHANGE,
-    MIN_REL_CHANGE,
-    STAGE_OF,
-)
+from monitor.metrics import DEVICE_METRICS, LAYER_METRICS, STAGE_OF, material_floors
 from monitor.sources.base import RawMessage
 from monitor.stream_table import Frame, StreamTable
 from monitor.wire import Alert, Codec, DecodeError, WindowRecord
-
-_LAYER_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in LAYER_METRICS])
-_DEVICE_MIN_ABS = np.array([MIN_ABS_CHANGE.get(m, 0.0) for m in DEVICE_METRICS])
-_LAYER_MIN_REL = np.array([MIN_REL_CHANGE.get(m, DEFAULT_MIN_REL_CHANGE) for m in LAYER_METRICS])
-_DEVICE_MIN_REL = np.array([MIN_REL_CHANGE.get(m, DEFAULT_MIN_REL_CHANGE) for m in DEVICE_METRICS])
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +110,12 @@ class Pipeline:
         # metric and materiality, so a noisy metric shows on /metrics before it pages.
         self.alarm_counts: Counter[tuple[str, str]] = Counter()
         self.point_counts: Counter[tuple[str, str, bool]] = Counter()
+        d = settings.detector
+        # Reporting floors per metric column (absolute, relative), defaults overridden.
+        self._floors = {
+            True: material_floors(LAYER_METRICS, d.material_rel, d.material_abs),
+            False: material_floors(DEVICE_METRICS, d.material_rel, d.material_abs),
+        }
         self.unknown_hw: list[tuple[str, str | None, str | None]] = []
         self.partition_ts: dict[int, float] = {}
 
@@ -371,8 +365,8 @@ class Pipeline:
         """Change points with metadata; `det` in metric units, `norm` in the detector's."""
         layer = kind in ("layer", "pool_layer")
         names = LAYER_METRICS if layer else DEVICE_METRICS
-        floor = (_LAYER_MIN_ABS if layer else _DEVICE_MIN_ABS)[det.cols]
-        rel = (_LAYER_MIN_REL if layer else _DEVICE_MIN_REL)[det.cols]
+        floor_abs, floor_rel = self._floors[layer]
+        floor, rel = floor_abs[det.cols], floor_rel[det.cols]
         shift = np.abs(det.after - det.before)
         material = (shift >= floor) & (shift >= rel * np.abs(det.before))
         self.counters["change_points_immaterial"] += int((~material).sum())

@@ -134,6 +134,14 @@ def test_replay_dead_letters_file(tmp_path: Path) -> None:
         ({"FLOPWATCH_DETECTOR__PARAMS__BOGUS": "1"}, "detector: unknown detector.params ['bogus']"),
         ({"FLOPWATCH_DETECTOR__KIND": "magic"}, "detector.kind: Input should be"),
         ({"FLOPWATCH_ALERTS__POOL_FRACTION": "2"}, "alerts.pool_fraction"),
+        (
+            {"FLOPWATCH_DETECTOR__MATERIAL_REL": '{"bogus": 0.1}'},
+            "unknown metrics in detector.material_rel: ['bogus']",
+        ),
+        (
+            {"FLOPWATCH_DETECTOR__MATERIAL_ABS": '{"mfu": -1}'},
+            "detector.material_abs must be >= 0: ['mfu']",
+        ),
     ],
 )
 def test_bad_environment_is_one_line(env: dict[str, str], needle: str, monkeypatch, capsys) -> None:

@@ -48,6 +48,23 @@ def test_pool_regression_gives_one_alert_with_rollback() -> None:
     assert {e.indicator for e in a.evidence} >= {"mfu", "kernel", "fallback_frac"}
 
 
+def test_material_floors_follow_the_settings() -> None:
+    """A 15% MFU drop is a material change point by default; with the MFU floor raised to
+    50% (detector.material_rel) the same change points are counted immaterial."""
+    batches = fleet(90, regress_at=49, change_at=48)
+    default, _, _ = _run(batches)
+    raised = Settings(detector=DetectorSettings(material_rel={"mfu": 0.5}))
+    strict, _, _ = _run(batches, raised)
+    assert default.point_counts["layer", "mfu", True] > 0
+    assert strict.point_counts["layer", "mfu", True] == 0
+    assert strict.point_counts["layer", "mfu", False] >= default.point_counts["layer", "mfu", True]
+    # Other metrics keep their default floors.
+    assert (
+        strict.point_counts["layer", "fallback_frac", True]
+        == default.point_counts["layer", "fallback_frac", True]
+    )
+
+
 def test_healthy_fleet_is_silent() -> None:
     """No regression, no alert (noise, two pools, 90 windows)."""
     _, alerts, _ = _run(fleet(90, seed=3))
