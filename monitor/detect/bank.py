@@ -622,12 +622,12 @@ class BankCusum:
         np.clip(dz, -_DZ_FINITE, _DZ_FINITE, out=dz)  # finite: no inf - inf below
         z = phi * dprev
         np.subtract(dz, z, out=z)
-        big = np.abs(dz)
-        np.maximum(big, np.abs(dprev), out=big)
+        shrink = np.abs(dz)
+        np.maximum(shrink, np.abs(dprev), out=shrink)
         bound = self._buf("dclip", size, self._dclip)
-        np.maximum(big, bound, out=big)
-        np.divide(bound, big, out=big)
-        z *= big
+        np.maximum(shrink, bound, out=shrink)
+        np.divide(bound, shrink, out=shrink)  # dclip / max(|d|, |d_prev|, dclip)
+        z *= shrink
         if th_now is not None:
             # A slow signal under measurement noise (an ARMA(1,1)): w = d - phi d_prev
             # still carries the noise's MA(1) part, u = w + theta u_prev does not; its
