@@ -8,6 +8,7 @@ import contextlib
 import gzip
 import json
 import logging
+import math
 import signal
 import sys
 import time
@@ -16,8 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pydantic import ValidationError
+
 from monitor import __version__
-from monitor.config import ConfigError, Settings, load_settings, masked_dump
+from monitor.config import ConfigError, DetectorSettings, Settings, load_settings, masked_dump
 from monitor.logging import configure_logging, get_logger
 from monitor.sources.file import RecordingError, RecordingSource
 from monitor.wire import json_schemas
@@ -59,6 +62,18 @@ def _speed(text: str) -> float | None:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"speed must be > 0, got {text!r}")
     return v
+
+
+def _param(text: str) -> tuple[str, float]:
+    """A NAME=VALUE detector parameter (the value a number)."""
+    name, sep, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not sep or not name.strip() or not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"invalid parameter {text!r} (use NAME=NUMBER)")
+    return name.strip(), number
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     det = sub.add_parser("detect", parents=[common],
                          help="univariate: numbers on stdin -> change-point indices")  # fmt: skip
     det.add_argument("--kind", default=None, help="detector kind (default: configured)")
+    det.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
+                     help="detector parameter for this run, over the configured ones "
+                          "(repeatable), e.g. min_rel_change=0")  # fmt: skip
 
     sc = sub.add_parser("schema", parents=[common], help="print the JSON Schema of each record")
     sc.add_argument("--record", choices=["window_record", "change_event", "alert"], default=None)
@@ -138,6 +156,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _detect_settings(
+    settings: Settings, kind: str | None, params: dict[str, float]
+) -> DetectorSettings:
+    """The configured detector with the command line's kind and parameters on top, checked."""
+    d = settings.detector
+    data = d.model_dump()
+    if kind is not None and kind != d.kind:
+        # The configured parameters belong to the configured kind: start from none.
+        data.update(kind=kind, params={}, h=None)
+    params = dict(params)
+    if "h" in params:
+        data["h"] = params.pop("h")  # detector.h would win over a params entry
+    data["params"] = {**data["params"], **params}
+    try:
+        return DetectorSettings.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"])
+        what = err["msg"].removeprefix("Value error, ")
+        raise UsageError(f"{where}: {what}" if where else what) from None
+
+
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     cmd = args.command
     if cmd == "schema":
@@ -153,7 +193,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if cmd == "detect":
         from monitor.detect.univariate import main_stdin  # noqa: PLC0415
 
-        code: int = main_stdin(sys.stdin, sys.stdout, kind=args.kind or settings.detector.kind)
+        d = _detect_settings(settings, args.kind, dict(args.param))
+        code: int = main_stdin(sys.stdin, sys.stdout, kind=d.kind, params=d.engine_params())
         return code
     if cmd == "sim":
         from sim.cli import main as sim_main  # noqa: PLC0415

@@ -123,6 +123,17 @@ class DetectorSettings(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _valid_values(self) -> DetectorSettings:
+        """Build one small detector now: a bad value fails at load, not at the first batch."""
+        from monitor.detect import make_detector  # noqa: PLC0415 - detect is heavier
+
+        try:
+            make_detector(self.kind, 1, {**self.engine_params(), "capacity": 1})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"detector parameters for kind {self.kind!r}: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
     def _known_metrics(self) -> DetectorSettings:
         """Reject floors for metrics the daemon does not derive, and negative ones."""
         from monitor.metrics import DEVICE_METRICS, LAYER_METRICS  # noqa: PLC0415

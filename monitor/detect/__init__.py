@@ -85,6 +85,14 @@ def make_detector(
         raise ValueError(
             f"unknown parameter(s) {unknown} for detector kind {kind!r}; valid: {', '.join(valid)}"
         )
+    cls: type = BankCusum if kind == "bank" else Cusum if kind == "cusum" else RiverDetector
+    for name, p in inspect.signature(cls).parameters.items():
+        # Config gives floats (TOML, env); a window count of 20.7 is a mistake, not 20.
+        value = kw.get(name)
+        if type(p.default) is int and isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError(f"{name} must be a whole number, got {value}")
+            kw[name] = int(value)
     if kind == "bank":
         return BankCusum(n_metrics, **kw)
     if kind == "cusum":

@@ -96,6 +96,7 @@ _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite 
 # epoch seconds in float64, which float32 could not hold to the second). Within 2^20 s
 # (12 days) of the epoch a time is exact to 1/8 s; past that the epoch moves forward.
 _T_SPAN = float(1 << 20)
+_REL_FLOOR_MIN = 2.0**-23  # float32 spacing relative to a value: the smallest scale floor
 
 
 def clipped_second_moment(c: float) -> float:
@@ -206,6 +207,13 @@ class BankCusum:
         if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
             raise ValueError(
                 "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, abs_floor > 0 required"
+            )
+        if rel_floor < _REL_FLOOR_MIN:
+            # The ring keeps samples as float32: a scale under their rounding step is rounding
+            # noise (a series at 1e8 with noise sd 1 and no floor alarmed ~600 times per 1e5).
+            raise ValueError(
+                f"rel_floor >= {_REL_FLOOR_MIN:.3g} required: the ring holds float32 samples, "
+                "so a smaller scale relative to the level is rounding noise"
             )
         self.n_metrics = int(n_metrics)
         self.h = float(h)

@@ -20,11 +20,15 @@ from monitor.detect.base import Detector
 _ROW = np.zeros(1, dtype=np.int64)
 
 
-class ParseError(ValueError):
-    """A line that is neither empty nor a number."""
+# The engine keeps recent samples as float32: a larger magnitude would be stored as inf.
+_MAX_ABS = float(np.finfo(np.float32).max)
 
-    def __init__(self, lineno: int, text: str) -> None:
-        super().__init__(f"line {lineno}: expected a number, got {text!r}")
+
+class ParseError(ValueError):
+    """A line that is neither empty nor a number the engine can hold."""
+
+    def __init__(self, lineno: int, text: str, why: str = "expected a number") -> None:
+        super().__init__(f"line {lineno}: {why}, got {text!r}")
         self.lineno, self.text = lineno, text
 
 
@@ -39,6 +43,8 @@ def parse_line(lineno: int, line: str) -> float:
         raise ParseError(lineno, text) from None
     if math.isinf(value):
         raise ParseError(lineno, text)
+    if abs(value) > _MAX_ABS:
+        raise ParseError(lineno, text, f"expected a number within ±{_MAX_ABS:.3g}")
     return value
 
 

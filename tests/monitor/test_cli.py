@@ -63,7 +63,7 @@ def test_config_masks_secrets_and_reads_env(tmp_path: Path) -> None:
     """`flopwatch config` shows env and TOML settings, with secrets masked."""
     cfg = tmp_path / "c.toml"
     cfg.write_text(
-        '[kafka]\ngroup_id = "from-file"\n[detector]\nh = 9.5\n[detector.params]\nburn_in = 40\n'
+        '[kafka]\ngroup_id = "from-file"\n[detector]\nh = 9.5\n[detector.params]\nburn_in = 24\n'
     )
     import os  # noqa: PLC0415
 
@@ -76,7 +76,7 @@ def test_config_masks_secrets_and_reads_env(tmp_path: Path) -> None:
     assert data["kafka"]["sasl_plain_password"] == "**********"
     assert data["kafka"]["group_id"] == "from-file"
     assert data["detector"]["h"] == 12.0  # env wins over file
-    assert data["detector"]["params"] == {"burn_in": 40.0}
+    assert data["detector"]["params"] == {"burn_in": 24.0}
 
 
 def test_schema_prints_all_records() -> None:
@@ -133,6 +133,12 @@ def test_replay_dead_letters_file(tmp_path: Path) -> None:
     [
         ({"FLOPWATCH_DETECTOR__PARAMS__BOGUS": "1"}, "detector: unknown detector.params ['bogus']"),
         ({"FLOPWATCH_DETECTOR__KIND": "magic"}, "detector.kind: Input should be"),
+        # Values are checked at load too, not when the first batch builds a detector.
+        (
+            {"FLOPWATCH_DETECTOR__PARAMS__CLIP": "-1"},
+            "detector parameters for kind 'bank': h, clip and step_cap must be > 0",
+        ),
+        ({"FLOPWATCH_DETECTOR__PARAMS__REL_FLOOR": "0"}, "rel_floor >= 1.19e-07 required"),
         ({"FLOPWATCH_ALERTS__POOL_FRACTION": "2"}, "alerts.pool_fraction"),
         (
             {"FLOPWATCH_DETECTOR__MATERIAL_REL": '{"bogus": 0.1}'},
@@ -151,6 +157,76 @@ def test_bad_environment_is_one_line(env: dict[str, str], needle: str, monkeypat
     assert main(["config"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
+    assert needle in err
+
+
+def test_replay_with_a_bad_engine_value_is_one_line(tmp_path: Path, capsys) -> None:
+    """A bad engine parameter stops replay before any record, in one line (was a traceback
+    from the first batch)."""
+    rec = tmp_path / "r.jsonl"
+    rec.write_text("")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[detector.params]\nstep_cap = 0\n")
+    assert main(["replay", str(rec), "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "step_cap must be > 0" in err
+
+
+STEPS = "".join(f"{10.0 + (3.0 if 100 <= i < 200 else 0.0) + 0.1 * ((i * 7) % 11 - 5)}\n"
+                for i in range(350))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expect"),
+    [
+        ([], {}, "100\n200\n"),
+        # The configured threshold applies (it was ignored before 2026-11-30).
+        ([], {"FLOPWATCH_DETECTOR__H": "1000"}, ""),
+        (["--param", "h=1000"], {}, ""),
+        # The command line wins over the environment.
+        (["--param", "h=11"], {"FLOPWATCH_DETECTOR__H": "1000"}, "100\n200\n"),
+        # Another kind starts from its own defaults: the bank's clip does not follow it.
+        (["--kind", "cusum"], {"FLOPWATCH_DETECTOR__PARAMS__YOUTH": "8"}, None),
+    ],
+)
+def test_detect_uses_the_configured_engine(
+    args: list[str], env: dict[str, str], expect: str | None, monkeypatch, capsys
+) -> None:
+    """`flopwatch detect` runs the configured kind, threshold and parameters, then --param."""
+    import io  # noqa: PLC0415
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(STEPS))
+    assert main(["detect", *args]) == 0
+    out = capsys.readouterr().out
+    if expect is None:
+        assert any(abs(int(i) - 100) <= 10 for i in out.split())
+    else:
+        assert out == expect
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--param", "h"], "invalid parameter 'h' (use NAME=NUMBER)"),
+        (["--param", "h=tall"], "invalid parameter 'h=tall'"),
+        (["--param", "bogus=1"], "unknown detector.params ['bogus'] for kind 'bank'"),
+        (["--param", "clip=-1"], "h, clip and step_cap must be > 0"),
+        (["--kind", "adwin", "--param", "clip=2"], "unknown detector.params ['clip']"),
+        (["--kind", "magic"], "kind: Input should be"),
+    ],
+)
+def test_detect_bad_parameters_are_one_line(args: list[str], needle: str, capsys) -> None:
+    """A bad --param or --kind stops `flopwatch detect` before reading stdin, in one line."""
+    try:
+        code = main(["detect", *args])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
     assert needle in err
 
 

@@ -60,6 +60,30 @@ def test_unknown_parameter_names_the_valid_ones(kind: str) -> None:
     assert "capacity" in detector_params(kind)
 
 
+def test_scale_floor_below_float32_resolution_is_refused() -> None:
+    """The ring holds float32 samples: a scale floor under their rounding step is refused
+    (with none, a series at 1e8 with unit noise paged on rounding noise)."""
+    with pytest.raises(ValueError, match=r"rel_floor >= 1\.19e-07 required"):
+        make_detector("bank", 1, {"rel_floor": 0.0})
+    det = make_detector("bank", 1, {"rel_floor": 2.0**-23, "min_rel_change": 0.0})
+    rng = np.random.default_rng(0)
+    alarms = 0
+    for t in range(3000):
+        x = np.array([[1e8 + rng.standard_normal()]])
+        alarms += len(det.update(np.zeros(1, dtype=np.int64), np.array([float(t)]), x))
+    assert alarms == 0
+
+
+@pytest.mark.parametrize(("kind", "name"), [("bank", "burn_in"), ("cusum", "burn_in")])
+def test_window_counts_must_be_whole(kind: str, name: str) -> None:
+    """A count given as 40.0 (TOML, env) is taken as 40; 32.5 is refused, not truncated."""
+    with pytest.raises(ValueError, match=f"{name} must be a whole number, got 32.5"):
+        make_detector(kind, 1, {name: 32.5})
+    det = make_detector(kind, 1, {name: 24.0})
+    assert getattr(det, name) == 24
+    assert type(getattr(det, name)) is int
+
+
 def test_parameters_reach_the_engine() -> None:
     """Config values are passed through as constructor keywords."""
     det = make_detector("bank", 1, {"h": 20.0, "burn_in": 16, "min_rel_change": 0.1})

@@ -66,3 +66,29 @@ def test_infinity_is_rejected_like_text() -> None:
     err = io.StringIO()
     assert main_stdin(io.StringIO("nan\ninf\n"), io.StringIO(), stderr=err) == 2
     assert "line 2: expected a number, got 'inf'" in err.getvalue()
+
+
+def test_a_value_beyond_float32_is_rejected() -> None:
+    """The engine keeps recent samples as float32: 1e39 would become inf there."""
+    err = io.StringIO()
+    assert main_stdin(io.StringIO("1\n-3e38\n1e39\n"), io.StringIO(), stderr=err) == 2
+    assert err.getvalue() == (
+        "flopwatch detect: error: line 3: expected a number within ±3.4e+38, got '1e39'\n"
+    )
+
+
+def test_offset_series_needs_the_relative_floors_off() -> None:
+    """The daemon's defaults judge a change relative to the level: 2 sd at level 1000 is 0.2%,
+    below `min_rel_change` (3%). With it at 0 the same steps are found as at level 0."""
+    found = {}
+    for level in (0.0, 1000.0):
+        for params in ({}, {"min_rel_change": 0.0}):
+            hits = 0
+            for seed in range(8):
+                x = level + np.random.default_rng(seed).standard_normal(3000)
+                x[2000:] += 2.0
+                hits += any(2000 <= i < 2100 for i in detect_series(list(x), params=params))
+            found[level, bool(params)] = hits
+    assert found[0.0, False] >= 6
+    assert found[1000.0, False] == 0
+    assert found[1000.0, True] == found[0.0, True] >= 6
