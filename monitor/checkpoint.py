@@ -631,7 +631,7 @@ class Checkpointer:
                 continue
             try:
                 blob = await asyncio.to_thread(cp.payload)
-                self.pipeline.restore_partition(p, blob)
+                outcomes = self.pipeline.restore_partition(p, blob)
             except Exception as exc:  # noqa: BLE001 - a bad checkpoint must never stop the daemon
                 self.stats.restore_failures += 1
                 self.log.warning("unusable checkpoint, trying an older one", key=cp.key,
@@ -639,6 +639,11 @@ class Checkpointer:
                 self._forget(p)
                 continue
             self.stats.restores += 1
+            changed = {k: v for k, v in outcomes.items() if v != "kept"}
+            if changed:
+                # The configuration changed since the checkpoint: say what that did to state.
+                self.log.warning("detector settings differ from the checkpoint's", partition=p,
+                                 checkpoint=cp.id, detectors=changed)  # fmt: skip
             self._saved[p] = offset
             self.stats.saved_at[p] = self.clock()
             self.stats.stored_bytes[p] = len(cp.compressed)

@@ -247,21 +247,40 @@ class Pipeline:
             protocol=pickle.HIGHEST_PROTOCOL,
         )
 
-    def restore_partition(self, partition: int, blob: bytes) -> None:
-        """Take over a partition from its checkpoint (trusted: our own state topic)."""
+    def restore_partition(self, partition: int, blob: bytes) -> dict[str, str]:
+        """Take over a partition from its checkpoint (trusted: our own state topic).
+
+        The detectors come back under the configured kind and parameters (a raised `h`
+        applies after a restart); returns each one's outcome, kept, retuned or reset
+        (`detect.restore_configured`).
+        """
         state = pickle.loads(blob)  # noqa: S301 - written by this process family only
         st = self._partition(partition)
         st.table = StreamTable.restore(state["table"], self.catalog)
-        st.layer_detector = detect.restore_detector(state["layer"])
-        st.device_detector = detect.restore_detector(state["device"])
-        st.pool_layer_detector = _unsnap(state["pool_layer"])
-        st.pool_device_detector = _unsnap(state["pool_device"])
+        d = self.settings.detector
+        outcomes: dict[str, str] = {}
+
+        def configured(key: str, n_metrics: int) -> Detector:
+            det, outcomes[key] = detect.restore_configured(
+                state[key], d.kind, n_metrics, d.engine_params()
+            )
+            self.counters[f"detector_restore_{outcomes[key]}"] += 1
+            return det
+
+        st.layer_detector = configured("layer", len(LAYER_METRICS))
+        st.device_detector = configured("device", len(DEVICE_METRICS))
+        # Pool detectors: in checkpoints written before they existed, fresh ones (as built).
+        if state["pool_layer"] is not None:
+            st.pool_layer_detector = configured("pool_layer", len(LAYER_METRICS))
+        if state["pool_device"] is not None:
+            st.pool_device_detector = configured("pool_device", len(DEVICE_METRICS))
         for key, adjuster in _adjusters(st).items():
             if adjuster is not None and state[key] is not None:
                 adjuster.restore(state[key])
         st.expired_at = state["expired_at"]
         if state["partition_ts"] is not None:
             self.partition_ts[partition] = state["partition_ts"]
+        return outcomes
 
     def snapshot_incidents(self) -> bytes:
         """Incidents, recent evidence and known change events (the cross-partition state)."""
@@ -430,7 +449,3 @@ def _adjusters(st: PartitionState) -> dict[str, LoadAdjuster | None]:
 
 def _snap(det: Detector | None) -> bytes | None:
     return None if det is None else det.snapshot()
-
-
-def _unsnap(blob: bytes | None) -> Detector | None:
-    return None if blob is None else detect.restore_detector(blob)

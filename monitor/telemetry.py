@@ -128,6 +128,16 @@ class DaemonCollector(Collector):
         for (stream, outcome), n in sorted(p.alarm_counts.items()):
             alarms.add_metric([stream, outcome], n)
         yield alarms
+        restores = CounterMetricFamily(
+            "flopwatch_detector_restores_total",
+            "Detectors restored from a checkpoint, by outcome: kept (written with the "
+            "configured parameters), retuned (state kept, configured parameters applied) or "
+            "reset (another kind or state shape: started fresh).",
+            labels=["outcome"],
+        )
+        for outcome in ("kept", "retuned", "reset"):
+            restores.add_metric([outcome], c[f"detector_restore_{outcome}"])
+        yield restores
         yield _counter(
             "flopwatch_load_extrapolated_total",
             "Samples withheld from detection because the load model had too little data at "

@@ -30,6 +30,7 @@ __all__ = [
     "TaggedCusum",
     "detector_params",
     "make_detector",
+    "restore_configured",
     "restore_detector",
 ]
 
@@ -116,3 +117,38 @@ def restore_detector(blob: bytes) -> Detector:
     raise ValueError(
         f"checkpoint of unknown detector kind {kind!r}; valid kinds: {', '.join(KINDS)}"
     )
+
+
+def _settings_of(det: Detector) -> Any:
+    """What a detector was built with, comparable across instances of its class."""
+    if isinstance(det, BankCusum):
+        return det.params()
+    if isinstance(det, RiverDetector):
+        return (det.history, det.min_rel_change, det.abs_floor, det.river_params)
+    if isinstance(det, Cusum):
+        return (det.burn_in, det.k, det.h, det.clip, det.rel_floor, det.min_rel_change)
+    raise TypeError(f"unknown detector {type(det).__name__}")
+
+
+def restore_configured(
+    blob: bytes, kind: str, n_metrics: int, params: Mapping[str, float | int] | None = None
+) -> tuple[Detector, str]:
+    """A checkpointed detector under the configured kind and parameters, and how it went.
+
+    ``kept``: the checkpoint was written with these parameters. ``retuned``: a bank's state
+    carries on under the configured parameters (a new `h` applies from the next window).
+    ``reset``: a fresh detector, because the kind, the metric count or a parameter that
+    shapes the state (`BankCusum.STATE_SHAPE`; any parameter of the other kinds, whose
+    state lives in per-cell objects built with them) differs from the checkpoint's.
+    """
+    configured = make_detector(kind, n_metrics, params)
+    saved = restore_detector(blob)
+    same_kind = type(saved) is type(configured) and getattr(saved, "kind", None) == kind
+    if not same_kind or getattr(saved, "n_metrics", None) != n_metrics:
+        return configured, "reset"
+    have, want = _settings_of(saved), _settings_of(configured)
+    if have == want:
+        return saved, "kept"
+    if isinstance(configured, BankCusum) and all(have[k] == want[k] for k in BankCusum.STATE_SHAPE):
+        return BankCusum.restore(blob, params=want), "retuned"
+    return configured, "reset"

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -128,6 +129,11 @@ class BankCusum:
     """
 
     kind: ClassVar[str] = "bank"
+    # Parameters that size the state or give its arrays their meaning (ring length, the
+    # bank's members, when burn-in ends): a checkpoint carries over only where they match.
+    STATE_SHAPE: ClassVar[tuple[str, ...]] = (
+        "history", "burn_in", "min_shift", "max_shift", "n_shifts",
+    )  # fmt: skip
 
     # Per-cell scalar state, flat over cells (cell = row * n_metrics + column).
     _SCALARS: ClassVar[dict[str, type[np.generic]]] = {
@@ -381,17 +387,31 @@ class BankCusum:
         return _blob.pack(self.kind, params, arrays)
 
     @classmethod
-    def restore(cls, blob: bytes) -> BankCusum:
-        """Rebuild a detector from `snapshot` bytes; future outputs are identical."""
-        params, arrays = _blob.unpack(blob, cls.kind)
-        n_metrics, rows = int(params.pop("n_metrics")), int(params.pop("rows"))
-        det = cls(n_metrics, capacity=1, **params)
+    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> BankCusum:
+        """Rebuild a detector from `snapshot` bytes; future outputs are identical.
+
+        `params` (the keys of `params()`) replaces the checkpoint's parameters: the state
+        carries on under them. It must keep `STATE_SHAPE` as it was (ValueError else).
+        """
+        saved, arrays = _blob.unpack(blob, cls.kind)
+        n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
+        if params is not None:
+            changed = [k for k in cls.STATE_SHAPE if k in saved and params[k] != saved[k]]
+            if changed:
+                raise ValueError(f"{changed} shape the state: a checkpoint cannot carry over")
+            saved = dict(params)
+        det = cls(n_metrics, capacity=1, **saved)
         cells = rows * n_metrics
         # A checkpoint from before a scalar existed: that scalar starts at zero.
         det._s = {
             name: arrays[name] if name in arrays else np.zeros(cells, dtype=dt)
             for name, dt in cls._SCALARS.items()
         }
+        if params is not None:
+            # Shorter windows than the checkpoint's: the counts saturate at the new ones
+            # (the per-count tables end there).
+            np.minimum(det._s["nb"], det.baseline_window, out=det._s["nb"])
+            np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
         det._bank, det._run = arrays["bank"], arrays["run"]
         det._ring, tring = arrays["ring"], arrays["tring"]
         if "tepoch" in arrays:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 from factories import fleet
 
-from monitor.config import Settings
+from monitor.config import DetectorSettings, Settings
+from monitor.detect import BankCusum, TaggedCusum
 from monitor.pipeline import Pipeline
 
 
@@ -44,3 +46,58 @@ def test_partition_snapshot_is_per_partition() -> None:
     assert set(q.partitions) == {1}
     assert set(q.partitions[1].table.devices) == set(p.partitions[1].table.devices)
     assert len(q.partitions[1].table.devices) == 8
+
+
+def _settings(**detector) -> Settings:
+    return Settings(detector=DetectorSettings(**detector))
+
+
+def test_restore_applies_the_configured_parameters() -> None:
+    """A raised `h` applies after a restart: the state carries on under it (it used to come
+    back with the checkpoint's parameters, so a retuned deployment kept paging as before)."""
+    batches = fleet(60)
+    first = Pipeline(Settings())
+    _run(first, batches[:40])
+    blobs = {p: first.snapshot_partition(p) for p in first.partitions}
+
+    same = Pipeline(Settings())
+    retuned = Pipeline(_settings(h=13.0))
+    for p, blob in blobs.items():
+        assert set(same.restore_partition(p, blob).values()) == {"kept"}
+        assert set(retuned.restore_partition(p, blob).values()) == {"retuned"}
+    assert retuned.counters["detector_restore_retuned"] == 4 * len(blobs)
+    for p, st in retuned.partitions.items():
+        old = first.partitions[p]
+        for name in ("layer_detector", "device_detector", "pool_layer_detector"):
+            det, was = getattr(st, name), getattr(old, name)
+            assert isinstance(det, BankCusum)
+            assert isinstance(was, BankCusum)
+            assert (det.h, was.h) == (13.0, 11.0)
+            cells = det._s["mu"].size  # a snapshot holds the rows in use
+            assert cells > 0
+            for key, arr in was._s.items():  # the state, bit for bit
+                np.testing.assert_array_equal(det._s[key], arr[:cells])
+            np.testing.assert_array_equal(det._ring, was._ring[:, :cells])
+    # Both continue without error; the retuned one is the same pipeline but for h.
+    assert _run(same, batches[40:]) == _run(first, batches[40:])
+    _run(retuned, batches[40:])
+
+
+def test_restore_under_another_shape_or_kind_starts_fresh() -> None:
+    """A ring length or a kind the checkpoint's state cannot serve: fresh detectors."""
+    first = Pipeline(Settings())
+    _run(first, fleet(40))
+    blob = first.snapshot_partition(1)
+    for settings, kind in ((_settings(params={"history": 48.0}), BankCusum),
+                           (_settings(kind="cusum"), TaggedCusum)):  # fmt: skip
+        q = Pipeline(settings)
+        assert set(q.restore_partition(1, blob).values()) == {"reset"}
+        st = q.partitions[1]
+        assert isinstance(st.layer_detector, kind)
+        # The streams are kept; their detectors start over (no row has state).
+        assert set(st.table.devices) == set(first.partitions[1].table.devices)
+        det = st.layer_detector
+        counts = det._s["n"] if isinstance(det, BankCusum) else det._arrays["n"]
+        assert int(counts.max()) == 0
+        assert q.counters["detector_restore_reset"] == 4
+        _run(q, fleet(50)[40:])

@@ -10,7 +10,7 @@ from factories import fleet, msg
 from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor.app import Runner
-from monitor.config import Settings
+from monitor.config import DetectorSettings, Settings
 from monitor.pipeline import Pipeline
 from monitor.sinks.memory import ListSink
 from monitor.sources.base import RawMessage
@@ -120,3 +120,18 @@ async def test_sink_errors_are_counted_per_sink() -> None:
     assert _value(registry, "flopwatch_sink_errors_total", sink="broken") == 1
     assert _value(registry, "flopwatch_alerts_sent_total", sink="list", status="firing") == 1
     assert _value(registry, "flopwatch_alerts_sent_total", sink="broken", status="firing") is None
+
+
+def test_detector_restores_are_counted_by_outcome() -> None:
+    """After a restart under a new `h`, /metrics says the state was kept and retuned."""
+    first = Pipeline(Settings())
+    for batch in fleet(40):
+        first.process(batch)
+    blobs = {p: first.snapshot_partition(p) for p in first.partitions}
+    pipeline = Pipeline(Settings(detector=DetectorSettings(h=13.0)))
+    for p, blob in blobs.items():
+        pipeline.restore_partition(p, blob)
+    registry = register_metrics(CollectorRegistry(), Runner(ListSource([]), pipeline, []))
+    name = "flopwatch_detector_restores_total"
+    assert _value(registry, name, outcome="retuned") == 4 * len(blobs)
+    assert _value(registry, name, outcome="reset") == 0

@@ -13,6 +13,7 @@ from monitor.detect import (
     TaggedCusum,
     detector_params,
     make_detector,
+    restore_configured,
     restore_detector,
 )
 from monitor.detect.base import Detections, Detector
@@ -148,3 +149,64 @@ def test_untagged_placeholder_checkpoints_still_restore() -> None:
     assert isinstance(restore_detector(raw), TaggedCusum)
     with pytest.raises(ValueError, match="not a detector checkpoint"):
         restore_detector(b"garbage")
+
+
+def _fed(det, steps: int, at: int = 10_000, t0: int = 0) -> int:
+    """Feed one noisy stream from window `t0` (a 4-sd step from window `at`); the alarms."""
+    rng = np.random.default_rng(5 + t0)
+    found = 0
+    for t in range(t0, t0 + steps):
+        x = np.array([[10.0 + rng.standard_normal() + (4.0 if t >= at else 0.0)]])
+        found += len(det.update(np.zeros(1, dtype=np.int64), np.array([float(t)]), x))
+    return found
+
+
+def test_restore_configured_keeps_retunes_or_resets() -> None:
+    """The configured parameters win over a checkpoint's; the state carries on where its
+    shape allows."""
+    det = make_detector("bank", 1)
+    _fed(det, 600)
+    blob = det.snapshot()
+    kept, how = restore_configured(blob, "bank", 1, {})
+    assert how == "kept"
+    assert kept.snapshot() == blob
+    high, how = restore_configured(blob, "bank", 1, {"h": 1000.0})
+    assert how == "retuned"
+    assert isinstance(high, BankCusum)
+    assert high.h == 1000.0
+    assert high.snapshot() != blob
+    # The same state, now under h 1000: the step the kept detector finds goes unreported.
+    assert _fed(kept, 100, at=650, t0=600) >= 1
+    assert _fed(high, 100, at=650, t0=600) == 0
+    for params in ({"history": 48}, {"n_shifts": 4}):
+        fresh, how = restore_configured(blob, "bank", 1, params)
+        assert how == "reset"
+        assert isinstance(fresh, BankCusum)
+        assert fresh.capacity >= 1
+        assert int(fresh._s["n"].max()) == 0
+    other, how = restore_configured(blob, "adwin", 1, {})
+    assert (how, type(other)) == ("reset", RiverDetector)
+    assert restore_configured(blob, "bank", 2, {})[1] == "reset"
+
+
+def test_retuned_shorter_windows_saturate_the_counts() -> None:
+    """Windows shorter than the checkpoint's counts: the counts stop at the new windows."""
+    det = make_detector("bank", 1)
+    _fed(det, 1500)
+    short = {"baseline_window": 64, "scale_window": 128, "ar_window": 256}
+    new, how = restore_configured(det.snapshot(), "bank", 1, short)
+    assert how == "retuned"
+    assert isinstance(new, BankCusum)
+    assert (int(new._s["nb"].max()), int(new._s["ns"].max())) == (64, 256)
+    _fed(new, 300, t0=1500)
+    assert np.isfinite(new._s["mu"]).all()
+    assert np.isfinite(new._s["sig"]).all()
+
+
+def test_river_kinds_reset_on_any_parameter_change() -> None:
+    """River objects are built with their parameters: another delta means fresh ones."""
+    det = make_detector("adwin", 1, {"delta": 0.002})
+    _fed(det, 200)
+    blob = det.snapshot()
+    assert restore_configured(blob, "adwin", 1, {"delta": 0.002})[1] == "kept"
+    assert restore_configured(blob, "adwin", 1, {"delta": 0.01})[1] == "reset"
