@@ -256,8 +256,8 @@ class Pipeline:
         """
         state = pickle.loads(blob)  # noqa: S301 - written by this process family only
         st = self._partition(partition)
-        st.table = StreamTable.restore(state["table"], self.catalog)
         d = self.settings.detector
+        st.table = StreamTable.restore(state["table"], self.catalog, ttl_s=d.stream_ttl_s)
         outcomes: dict[str, str] = {}
 
         def configured(key: str, n_metrics: int) -> Detector:
@@ -296,6 +296,9 @@ class Pipeline:
         self.correlator.fill_missing_fields()
         self.advisor = state["advisor"]
         self.lifecycle.advisor = self.advisor
+        # The configured windows win over the checkpoint's (as for the detectors).
+        self.correlator.group_window_s = self.settings.alerts.group_window_s
+        self.advisor.lookback_s = self.settings.alerts.change_lookback_s
 
     def watermark(self) -> float:
         """Event time every active partition has reached (partitions lagging > max_skew ignored).

@@ -340,7 +340,10 @@ class StreamTable:
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
-    def restore(cls, blob: bytes, catalog: Catalog) -> StreamTable:
-        """Rebuild a table from `snapshot` bytes (trusted: our own checkpoint topic)."""
+    def restore(cls, blob: bytes, catalog: Catalog, ttl_s: float | None = None) -> StreamTable:
+        """Rebuild a table from `snapshot` bytes (trusted: our own checkpoint topic); `ttl_s`
+        replaces the checkpoint's (the configured one wins after a restart)."""
         state = pickle.loads(blob)  # noqa: S301 - written by this process family only
+        if ttl_s is not None:
+            state["ttl_s"] = float(ttl_s)
         return cls(catalog=catalog, **state)

@@ -6,7 +6,7 @@ import msgspec
 import numpy as np
 from factories import fleet
 
-from monitor.config import DetectorSettings, Settings
+from monitor.config import AlertSettings, DetectorSettings, Settings
 from monitor.detect import BankCusum, TaggedCusum
 from monitor.pipeline import Pipeline
 
@@ -53,21 +53,23 @@ def _settings(**detector) -> Settings:
 
 
 def test_restore_applies_the_configured_parameters() -> None:
-    """A raised `h` applies after a restart: the state carries on under it (it used to come
-    back with the checkpoint's parameters, so a retuned deployment kept paging as before)."""
+    """A raised `h` (and a new stream TTL) applies after a restart: the state carries on
+    under it (it used to come back with the checkpoint's parameters, so a retuned
+    deployment kept paging as before)."""
     batches = fleet(60)
     first = Pipeline(Settings())
     _run(first, batches[:40])
     blobs = {p: first.snapshot_partition(p) for p in first.partitions}
 
     same = Pipeline(Settings())
-    retuned = Pipeline(_settings(h=13.0))
+    retuned = Pipeline(_settings(h=13.0, stream_ttl_s=600.0))
     for p, blob in blobs.items():
         assert set(same.restore_partition(p, blob).values()) == {"kept"}
         assert set(retuned.restore_partition(p, blob).values()) == {"retuned"}
     assert retuned.counters["detector_restore_retuned"] == 4 * len(blobs)
     for p, st in retuned.partitions.items():
         old = first.partitions[p]
+        assert (st.table.ttl_s, old.table.ttl_s) == (600.0, 3600.0)
         for name in ("layer_detector", "device_detector", "pool_layer_detector"):
             det, was = getattr(st, name), getattr(old, name)
             assert isinstance(det, BankCusum)
@@ -101,3 +103,18 @@ def test_restore_under_another_shape_or_kind_starts_fresh() -> None:
         assert int(counts.max()) == 0
         assert q.counters["detector_restore_reset"] == 4
         _run(q, fleet(50)[40:])
+
+
+def test_restored_incidents_use_the_configured_windows() -> None:
+    """The correlator's grouping window and the advisor's look-back come from the settings."""
+    first = Pipeline(Settings())
+    _run(first, fleet(60, regress_at=40, change_at=39))
+    blob = first.snapshot_incidents()
+    alerts = AlertSettings(group_window_s=120.0, change_lookback_s=3600.0)
+    q = Pipeline(Settings(alerts=alerts))
+    q.restore_incidents(blob)
+    assert first.correlator.incidents
+    assert len(q.correlator.incidents) == len(first.correlator.incidents)
+    assert (q.correlator.group_window_s, first.correlator.group_window_s) == (120.0, 300.0)
+    assert (q.advisor.lookback_s, first.advisor.lookback_s) == (3600.0, 6 * 3600.0)
+    assert q.lifecycle.advisor is q.advisor
