@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
                      help="detector parameter for this run, over the configured ones "
                           "(repeatable), e.g. min_rel_change=0")  # fmt: skip
+    det.add_argument("--details", action="store_true",
+                     help="one JSON object per change point: onset, detected (sample index), "
+                          "before, after, score")  # fmt: skip
 
     sc = sub.add_parser("schema", parents=[common], help="print the JSON Schema of each record")
     sc.add_argument("--record", choices=["window_record", "change_event", "alert"], default=None)
@@ -194,7 +197,9 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from monitor.detect.univariate import main_stdin  # noqa: PLC0415
 
         d = _detect_settings(settings, args.kind, dict(args.param))
-        code: int = main_stdin(sys.stdin, sys.stdout, kind=d.kind, params=d.engine_params())
+        code: int = main_stdin(
+            sys.stdin, sys.stdout, kind=d.kind, params=d.engine_params(), details=args.details
+        )
         return code
     if cmd == "sim":
         from sim.cli import main as sim_main  # noqa: PLC0415

@@ -7,9 +7,11 @@ index of the first sample after it. An empty line is a missing window.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TextIO
 
 import numpy as np
@@ -48,6 +50,24 @@ def parse_line(lineno: int, line: str) -> float:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One change point of a series: indices are 0-based sample numbers."""
+
+    onset: int  # first sample of the new level
+    detected: int  # the sample whose arrival completed the detection
+    before: float  # level before the change
+    after: float  # level since the onset
+    score: float  # confidence, in units of the decision threshold (>= 1)
+
+    def json(self) -> str:
+        """One JSON object on one line."""
+        return json.dumps(
+            {"onset": self.onset, "detected": self.detected, "before": self.before,
+             "after": self.after, "score": round(self.score, 6)}
+        )  # fmt: skip
+
+
 class SeriesDetector:
     """Feeds one series sample by sample; yields onset indices as they are detected."""
 
@@ -59,10 +79,19 @@ class SeriesDetector:
 
     def push(self, value: float | None) -> list[int]:
         """Feed sample `self.i`; the onset indices this completes (usually none)."""
+        return [found.onset for found in self.push_found(value)]
+
+    def push_found(self, value: float | None) -> list[Found]:
+        """Feed sample `self.i`; the change points this completes, with their details."""
         x = math.nan if value is None else float(value)
         self.i += 1
         hits = self.det.update(_ROW, np.array([float(self.i)]), np.array([[x]]))
-        return [min(max(round(float(t)), 0), self.i - 1) for t in hits.onset_ts]
+        return [
+            Found(min(max(round(float(t)), 0), self.i - 1), self.i - 1, float(b), float(a),
+                  float(sc))
+            for t, b, a, sc in zip(hits.onset_ts, hits.before, hits.after, hits.score,
+                                   strict=True)
+        ]  # fmt: skip
 
 
 def detect_series(
@@ -84,8 +113,10 @@ def main_stdin(
     kind: str = DEFAULT_KIND,
     params: Mapping[str, float | int] | None = None,
     stderr: TextIO | None = None,
+    details: bool = False,
 ) -> int:
-    """Stream stdin to change-point indices on stdout; 2 (one error line) on a bad line."""
+    """Stream stdin to change-point indices on stdout (or JSON lines with `details`); 2 (one
+    error line) on a bad line."""
     err = sys.stderr if stderr is None else stderr
     sd = SeriesDetector(kind, params)
     for lineno, line in enumerate(stdin, start=1):
@@ -94,9 +125,10 @@ def main_stdin(
         except ParseError as exc:
             err.write(f"flopwatch detect: error: {exc}\n")
             return 2
-        found = sd.push(value)
+        found = sd.push_found(value)
         if found:
-            stdout.write("".join(f"{idx}\n" for idx in found))
+            lines = (f.json() if details else str(f.onset) for f in found)
+            stdout.write("".join(f"{line}\n" for line in lines))
             stdout.flush()  # a pipe consumer sees change points as they happen
     stdout.flush()
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -92,3 +93,17 @@ def test_offset_series_needs_the_relative_floors_off() -> None:
     assert found[0.0, False] >= 6
     assert found[1000.0, False] == 0
     assert found[1000.0, True] == found[0.0, True] >= 6
+
+
+def test_details_give_detection_index_levels_and_score() -> None:
+    """--details: one JSON object per change point; onsets as in the plain output."""
+    lines = "".join(f"{v}\n" if v is not None else "\n" for v in two_steps())
+    out = io.StringIO()
+    assert main_stdin(io.StringIO(lines), out, details=True) == 0
+    found = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [f["onset"] for f in found] == [300, 450]
+    for f, (before, after) in zip(found, [(10.0, 13.0), (13.0, 7.0)], strict=True):
+        assert f["onset"] <= f["detected"] <= f["onset"] + 10
+        assert abs(f["before"] - before) < 0.3
+        assert abs(f["after"] - after) < 1.0
+        assert f["score"] >= 1.0
