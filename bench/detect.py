@@ -83,7 +83,7 @@ class Plan:
     scenarios: tuple[str, ...]
 
 
-FULL = Plan(50_000, 2_000, 2_000, 1_000, 300, 20_000, 600_000, 300, 100_000, 700, 150,
+FULL = Plan(50_000, 2_000, 2_000, 1_000, 300, 20_000, 600_000, 1_000, 100_000, 700, 150,
             ("pool_regression", "kernel_fallback", "burst_only_regression",
              "healthy_with_bursts", "deploy_without_regression"))  # fmt: skip
 QUICK = Plan(5_000, 1_000, 500, 600, 300, 5_000, 150_000, 80, 100_000, 250, 60,
@@ -528,19 +528,39 @@ def river_calibrate(
 ) -> tuple[float, float]:
     """Parameter for `target` false alarms per window on Gaussian noise, and the rate
     measured at it."""
-    if name == "adwin":
-        grid = [0.3, 0.6, 0.9]  # delta; log-rate is close to linear in log(delta)
-        rates = {
-            math.log(d): river_null_rate(name, d, "gauss", plan.river_cal_samples, rng)
-            for d in grid
-        }
-        param = math.exp(calibrate_rate(rates, target))
-    else:
-        grid = [3.0, 4.0, 5.0]  # threshold; log-rate is close to linear in it
-        rates = {h: river_null_rate(name, h, "gauss", plan.river_cal_samples, rng) for h in grid}
-        param = calibrate_rate(rates, target)
-    check = river_null_rate(name, param, "gauss", 2 * plan.river_cal_samples, rng)
-    return param, check
+    adwin = name == "adwin"
+    # ADWIN's rate is close to log-linear in log(delta), Page-Hinkley's in its threshold.
+    to_x, from_x = (math.log, math.exp) if adwin else (float, float)
+    grid = [0.3, 0.6, 0.9] if adwin else [3.0, 4.0, 5.0]
+    rates = {to_x(p): river_null_rate(name, p, "gauss", plan.river_cal_samples, rng) for p in grid}
+    slope, icpt = rate_fit(rates)
+    x0 = (math.log(target) - icpt) / slope
+    # The coarse grid sits one to two decades above the target rate. Refine around its
+    # estimate with 4x the samples, where a few dozen alarms are seen, so the line is not
+    # an extrapolation (a check of 2x the samples alone saw one to four alarms at these
+    # rates): keep the coarse slope and re-estimate the intercept from the points near the
+    # target, weighted by their alarm counts (Poisson: the log-rate's variance is 1 / count);
+    # each check at the fitted value joins them.
+    seen: dict[float, tuple[int, int]] = {}  # x -> (alarms, windows)
+
+    def measure(x: float, samples: int) -> float:
+        rate = river_null_rate(name, from_x(x), "gauss", samples, rng)
+        a, w = seen.get(x, (0, 0))
+        seen[x] = (a + round(rate * samples), w + samples)
+        return rate
+
+    for dx in (-0.7, 0.0, 0.7) if adwin else (-1.0, -0.5, 0.0):
+        measure(x0 + dx, 4 * plan.river_cal_samples)
+    for attempt in range(4):
+        pts = [(x, a / w, a) for x, (a, w) in seen.items() if a > 0]
+        if pts:
+            total = sum(a for _, _, a in pts)
+            icpt = sum(a * (math.log(r) - slope * x) for x, r, a in pts) / total
+            x0 = (math.log(target) - icpt) / slope
+        check = measure(x0, 16 * plan.river_cal_samples)
+        if attempt == 3 or (check > 0 and abs(math.log(check / target)) < math.log(1.25)):
+            break
+    return from_x(x0), check
 
 
 def river_shift(
