@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from monitor.detect import (
     DEFAULT_KIND,
@@ -210,3 +212,56 @@ def test_river_kinds_reset_on_any_parameter_change() -> None:
     blob = det.snapshot()
     assert restore_configured(blob, "adwin", 1, {"delta": 0.002})[1] == "kept"
     assert restore_configured(blob, "adwin", 1, {"delta": 0.01})[1] == "reset"
+
+
+def _checkpoint_of_many() -> bytes:
+    """50 streams of mixed noise after 1,200 windows (counts past the shorter windows)."""
+    det = make_detector("bank", 1)
+    rng = np.random.default_rng(11)
+    rows, ar = np.arange(50), np.zeros(50)
+    for t in range(1200):
+        ar = 0.7 * ar + rng.standard_normal(50)
+        x = 10.0 + np.where(rows % 2 == 0, rng.standard_t(3, 50), ar)
+        det.update(rows, np.full(50, float(t)), x[:, None])
+    return det.snapshot()
+
+
+_MANY = _checkpoint_of_many()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    h=st.floats(5.0, 30.0),
+    min_rel_change=st.floats(0.0, 0.2),
+    spread_veto=st.floats(0.0, 3.0),
+    baseline_window=st.integers(16, 2048),
+    scale_window=st.integers(16, 4096),
+    ar_window=st.integers(16, 8192),
+    lrv_window=st.integers(0, 64),
+    ma_max=st.sampled_from([0.0, 0.9]),
+)
+def test_retuned_state_carries_on_under_any_new_parameters(**params: float) -> None:
+    """Any parameters that keep the state's shape: the state as saved (counts saturated at
+    shorter windows), the new parameters in force, and finite estimates afterwards."""
+    det, how = restore_configured(_MANY, "bank", 1, params)
+    assert isinstance(det, BankCusum)
+    saved = restore_detector(_MANY)
+    assert isinstance(saved, BankCusum)
+    assert how == ("kept" if det.params() == saved.params() else "retuned")
+    want = make_detector("bank", 1, params)
+    assert isinstance(want, BankCusum)
+    assert det.params() == want.params()
+    for name, arr in saved._s.items():
+        if name == "nb":
+            np.testing.assert_array_equal(det._s[name], np.minimum(arr, det.baseline_window))
+        elif name == "ns":
+            np.testing.assert_array_equal(det._s[name], np.minimum(arr, det._ns_max))
+        else:
+            np.testing.assert_array_equal(det._s[name], arr)
+    rng = np.random.default_rng(3)
+    rows = np.arange(50)
+    for t in range(1200, 1300):
+        det.update(rows, np.full(50, float(t)), 10.0 + rng.standard_normal((50, 1)))
+    assert np.isfinite(det._s["mu"]).all()
+    assert np.isfinite(det._s["sig"]).all()
+    assert np.isfinite(det._s["phi"]).all()
