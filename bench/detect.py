@@ -467,6 +467,23 @@ def engine_shift(kind: str, plan: Plan, rng: np.random.Generator) -> ShiftScore:
 
 
 LARGE = (6.0, 10.0, 30.0)  # steps of the size real regressions often have (sd units)
+YOUNG_AGES = (100, 250)  # windows of history a young stream has when it shifts
+YOUNG_SHIFTS = (1.0, 2.0)
+
+
+def engine_young(
+    kind: str, age: int, n_per: int, horizon: int, rng: np.random.Generator
+) -> dict[str, Any]:
+    """Recall and delays (windows) of shifts in a stream's early life: `age` windows of
+    history (jittered by up to 8), then `horizon` windows to find the shift."""
+    sizes = np.repeat(np.array(YOUNG_SHIFTS), n_per)
+    offs = sizes * rng.choice([-1.0, 1.0], sizes.size)
+    at = age + rng.integers(0, 8, sizes.size)
+    T = age + 8 + horizon
+    sc = score_alarms(
+        sizes, at, wave_alarms(engine(sizes.size), Noise(kind, sizes.size, rng), offs, at, T)
+    )
+    return {str(s): sc.row(s) for s in YOUNG_SHIFTS} | {"precision": sc.precision}
 
 
 def engine_large(kind: str, n_per: int, rng: np.random.Generator) -> dict[float, float]:
@@ -876,6 +893,13 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         eng[kind] = engine_shift(kind, plan, rng)
     large = {kind: engine_large(kind, 300, rng) for kind in NOISES}
+    # Young streams (own random stream: this section moves no other figure).
+    young_rng = np.random.default_rng([args.seed, 3])
+    young = {
+        kind: {age: engine_young(kind, age, 1_500 if not args.quick else 300, 350, young_rng)
+               for age in YOUNG_AGES}
+        for kind in NOISES
+    }  # fmt: skip
     print(f"engine measured ({time.perf_counter() - started:.0f} s)", flush=True)
 
     # 1b. Telemetry-like nulls.
@@ -1024,6 +1048,14 @@ def main(argv: list[str] | None = None) -> int:
         "large steps, engine median delay in windows (jump rule: 3 in a row beyond 6 sd): "
         + "; ".join(f"{k} " + ", ".join(f"{s:g} sd {large[k][s]:g}" for s in LARGE) for k in NOISES)
     )
+    print("young streams (the shift after `age` windows of history; recall within 350 windows, "
+          "median delay):")  # fmt: skip
+    for kind in NOISES:
+        print(f"  {kind:5} " + "; ".join(
+            f"age {age}: " + ", ".join(
+                f"{s:g} sd {young[kind][age][str(s)]['recall']:.2f} "
+                f"({young[kind][age][str(s)]['delay_median']:.0f})" for s in YOUNG_SHIFTS)
+            for age in YOUNG_AGES))  # fmt: skip
     print(
         f"river calibration (Gaussian, target {river['adwin']['target_per_1e5']:.2f} per 1e5, "
         "the engine's Gaussian rate): "
@@ -1148,6 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 for k in NOISES},
         throughput=tput,
         large_step_delay_median={k: {str(s): v for s, v in d.items()} for k, d in large.items()},
+        young_streams={k: {str(age): v for age, v in d.items()} for k, d in young.items()},
         threshold_sweep=tradeoff,
         scenarios=scen,
         seconds=time.perf_counter() - started,
