@@ -9,8 +9,10 @@ import pytest
 from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet
 from kafka_helpers import produce
+from structlog.testing import capture_logs
 
 from monitor.config import Settings
+from monitor.detect import BankCusum
 from monitor.embedded import EmbeddedBroker, ensure_topics
 from monitor.pipeline import Pipeline
 from monitor.sources.kafka import KafkaSource
@@ -70,6 +72,37 @@ async def test_restart_restores_detector_state_and_continues(broker: EmbeddedBro
     assert second.pipeline.counters["records_duplicate"] == 0
     assert firing(second.sink.alerts) == expected
     assert not first.sink.alerts
+
+
+async def test_restart_under_a_new_threshold_keeps_state_and_applies_it(
+    broker: EmbeddedBroker,
+) -> None:
+    """Raise detector.h and restart: the streams' state comes back under the new threshold
+    (it used to come back with the checkpoint's), and each partition says so in the log."""
+    settings = fast_settings(broker)
+    await ensure_topics(settings.kafka)
+    first = await Daemon(settings).start()
+    await produce(settings, fleet(40))
+    await until(lambda: first.records == 40 * DEVICES, "the records")
+    await first.stop()
+    before = devices_by_partition(first.pipeline)
+
+    detector = settings.detector.model_copy(update={"h": 13.0})
+    with capture_logs() as logs:
+        second = await Daemon(settings.model_copy(update={"detector": detector})).start()
+        await until(lambda: second.source.assignments > 0, "the assignment")
+    try:
+        assert second.checkpointer.stats.restores == 4
+        assert devices_by_partition(second.pipeline) == before
+        # Four partitions, four detectors each (layer, device, pool layer, pool device).
+        assert second.pipeline.counters["detector_restore_retuned"] == 16
+        for st in second.pipeline.partitions.values():
+            assert isinstance(st.layer_detector, BankCusum)
+            assert st.layer_detector.h == 13.0
+        warned = [e for e in logs if e["event"] == "detector settings differ from the checkpoint's"]
+        assert len(warned) == 4
+    finally:
+        await second.stop()
 
 
 async def test_crash_replays_records_after_the_checkpoint(broker: EmbeddedBroker) -> None:
