@@ -141,11 +141,6 @@ def param_at(fit: tuple[float, float], target: float) -> float:
     return (math.log(target) - icpt) / slope
 
 
-def calibrate_rate(rates: Mapping[float, float], target: float) -> float:
-    """Parameter giving `target` by a log-linear fit of measured (parameter -> rate) points."""
-    return param_at(rate_fit(rates), target)
-
-
 def oracle_fit(
     kind: str, delta: float, plan: Plan, rng: np.random.Generator
 ) -> tuple[float, float]:
@@ -551,7 +546,7 @@ def river_calibrate(
     grid = [0.3, 0.6, 0.9] if adwin else [3.0, 4.0, 5.0]
     rates = {to_x(p): river_null_rate(name, p, "gauss", plan.river_cal_samples, rng) for p in grid}
     slope, icpt = rate_fit(rates)
-    x0 = (math.log(target) - icpt) / slope
+    x0 = param_at((slope, icpt), target)
     # The coarse grid sits one to two decades above the target rate. Refine around its
     # estimate with 4x the samples, where a few dozen alarms are seen, so the line is not
     # an extrapolation (a check of 2x the samples alone saw one to four alarms at these
@@ -573,7 +568,7 @@ def river_calibrate(
         if pts:
             total = sum(a for _, _, a in pts)
             icpt = sum(a * (math.log(r) - slope * x) for x, r, a in pts) / total
-            x0 = (math.log(target) - icpt) / slope
+            x0 = param_at((slope, icpt), target)
         check = measure(x0, 16 * plan.river_cal_samples)
         if attempt == 3 or (check > 0 and abs(math.log(check / target)) < math.log(1.25)):
             break
