@@ -40,6 +40,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/scores.py --json out/bench/scores.json
 	$(BIN)/python bench/diagnose.py --json out/bench/diagnose.json
 	$(BIN)/python bench/checkpoint.py --json out/bench/checkpoint.json
+	@if [ -n "$(TCPD)" ]; then $(BIN)/python bench/tcpd.py --data "$(TCPD)" --json out/bench/tcpd.json; \
+	else echo "bench/tcpd.py skipped: set TCPD=<a checkout of alan-turing-institute/TCPD>"; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache out
