@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from monitor.cli import detector_param
 from monitor.detect.univariate import detect_series
 
 MARGIN = 5
@@ -100,16 +101,12 @@ def load(data: Path) -> tuple[dict[str, list[float | None]], dict[str, list[list
     return series, annotations, skipped
 
 
-def _param(text: str) -> tuple[str, float]:
-    name, _, value = text.partition("=")
-    return name.strip(), float(value)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, required=True, help="a TCPD checkout (or its files)")
     ap.add_argument("--json", type=Path, help="write the rows here")
-    ap.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
+    ap.add_argument("--param", type=detector_param, action="append", default=[],
+                    metavar="NAME=VALUE",
                     help="engine parameter for the 'given' row (repeatable)")  # fmt: skip
     args = ap.parse_args(argv)
     series, annotations, skipped = load(args.data)

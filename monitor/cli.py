@@ -20,7 +20,14 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from monitor import __version__
-from monitor.config import ConfigError, DetectorSettings, Settings, load_settings, masked_dump
+from monitor.config import (
+    ConfigError,
+    DetectorSettings,
+    Settings,
+    first_error,
+    load_settings,
+    masked_dump,
+)
 from monitor.logging import configure_logging, get_logger
 from monitor.sources.file import RecordingError, RecordingSource
 from monitor.wire import json_schemas
@@ -64,7 +71,7 @@ def _speed(text: str) -> float | None:
     return v
 
 
-def _param(text: str) -> tuple[str, float]:
+def detector_param(text: str) -> tuple[str, float]:
     """A NAME=VALUE detector parameter (the value a number)."""
     name, sep, value = text.partition("=")
     try:
@@ -129,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     det = sub.add_parser("detect", parents=[common],
                          help="univariate: numbers on stdin -> change-point indices")  # fmt: skip
     det.add_argument("--kind", default=None, help="detector kind (default: configured)")
-    det.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
+    det.add_argument("--param", type=detector_param, action="append", default=[],
+                     metavar="NAME=VALUE",
                      help="detector parameter for this run, over the configured ones "
                           "(repeatable), e.g. min_rel_change=0")  # fmt: skip
     det.add_argument("--details", action="store_true",
@@ -175,10 +183,7 @@ def _detect_settings(
     try:
         return DetectorSettings.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(part) for part in err["loc"])
-        what = err["msg"].removeprefix("Value error, ")
-        raise UsageError(f"{where}: {what}" if where else what) from None
+        raise UsageError(first_error(exc, "detector")) from None
 
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:

@@ -277,11 +277,16 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     try:
         return _FromFile(**overrides) if config_file else Settings(**overrides)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(part) for part in err["loc"]) or "settings"
-        what = err["msg"].removeprefix("Value error, ")
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"invalid configuration: {where}: {what}{more}") from None
+        raise ConfigError(f"invalid configuration: {first_error(exc, 'settings')}") from None
+
+
+def first_error(exc: ValidationError, top: str) -> str:
+    """A validation error in one line: where (dotted, `top` at the root), what, how many more."""
+    err = exc.errors()[0]
+    where = ".".join(str(part) for part in err["loc"]) or top
+    what = err["msg"].removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {what}{more}"
 
 
 def masked_dump(settings: Settings) -> dict[str, Any]:
