@@ -358,7 +358,10 @@ class Pipeline:
                     self.counters["load_extrapolated"] += adjuster.extrapolated - withheld
                     if norm is not None:
                         norm[wave] = vals
-                det = detector.update(rows[wave], ts[wave], vals)
+                # Families for warm starts: (pool, model, layer) for device streams; a pool
+                # aggregate is its family's only stream.
+                fam = None if kind.startswith("pool") else groups[wave]
+                det = detector.update(rows[wave], ts[wave], vals, fam)
                 if not len(det):
                     continue
                 levels = det if scale is None else _rescale(det, rows[wave], scale)

@@ -91,6 +91,14 @@ _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest membe
 # What an alarm (the statistic crossing h, or a jump run) became: a detection, dropped by
 # the spread veto (a burst of spread), or a silent re-baseline below `min_rel_change`.
 ALARM_OUTCOMES = ("reported", "vetoed", "below_min_change")
+# Warm starts: a new stream's AR estimates come from the phi at this quantile of at
+# least this many mature streams of its family and column.
+_WARM_QUANTILE = 0.75
+_WARM_MIN_DONORS = 4
+# ... unless the cell's own burn-in estimate lies more than this many standard errors
+# above the family's (it would be under-whitened: pages) or below it (over-whitened: slow).
+_WARM_ABOVE = 1.0
+_WARM_BELOW = 2.0
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
 # The time ring holds float32 seconds since the detector's epoch (half the bytes of
@@ -139,7 +147,9 @@ class BankCusum:
     _SCALARS: ClassVar[dict[str, type[np.generic]]] = {
         "n": np.int32,  # samples since (re)start: burn-in and youth
         "nb": np.int32,  # samples in the level estimate (saturating)
-        "ns": np.int32,  # samples in the scale / AR estimates (kept on re-baseline; 0 = fresh)
+        "ns": np.int32,  # samples in the scale estimate (kept on re-baseline; 0 = fresh)
+        "na": np.int32,  # samples behind the AR and long-run variance estimates (ns + credit)
+        "fam": np.int32,  # family (the caller's group id + 1; 0 = unknown): warm-start donors
         "pos": np.int32,  # next ring slot
         "mu": np.float64,  # baseline level
         "sig": np.float64,  # innovation scale (1 until the first baseline)
@@ -190,6 +200,7 @@ class BankCusum:
         lrv_window: int = 32,
         lrv_margin: float = 2.0,
         ma_max: float = 0.0,
+        warm_start: int = 0,
         capacity: int = 1024,
     ) -> None:
         if n_metrics < 1:
@@ -208,6 +219,8 @@ class BankCusum:
             )
         if not 0 <= ma_max < 1:
             raise ValueError("0 <= ma_max < 1 required (0 = no MA term)")
+        if warm_start < 0:
+            raise ValueError("warm_start >= 0 required (0 = off)")
         if jump < 0 or jump_windows < 2:
             raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
         if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
@@ -241,6 +254,8 @@ class BankCusum:
         self.ar2_margin = float(ar2_margin)
         self.lrv_window, self.lrv_margin = int(lrv_window), float(lrv_margin)
         self.ma_max = float(ma_max)
+        self.warm_start = int(warm_start)
+        self._fam_in: tuple[I64, I64] | None = None  # this wave's (rows, groups), if given
         self._ma_rmax = self.ma_max / (1.0 + self.ma_max**2)  # lag-1 |rho| of w at ma_max
         if self.n_shifts == 1:
             self.shifts = np.array([self.min_shift])
@@ -301,7 +316,7 @@ class BankCusum:
             "jump": self.jump, "jump_windows": self.jump_windows,
             "spread_veto": self.spread_veto, "ar2_margin": self.ar2_margin,
             "lrv_window": self.lrv_window, "lrv_margin": self.lrv_margin,
-            "ma_max": self.ma_max,
+            "ma_max": self.ma_max, "warm_start": self.warm_start,
         }  # fmt: skip
 
     def drain_stats(self) -> dict[str, int]:
@@ -407,11 +422,15 @@ class BankCusum:
             name: arrays[name] if name in arrays else np.zeros(cells, dtype=dt)
             for name, dt in cls._SCALARS.items()
         }
+        if "na" not in arrays:
+            # Before warm starts one count served the scale and the AR estimates alike.
+            det._s["na"] = det._s["ns"].copy()
         if params is not None:
             # Shorter windows than the checkpoint's: the counts saturate at the new ones
             # (the per-count tables end there).
             np.minimum(det._s["nb"], det.baseline_window, out=det._s["nb"])
             np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
+            np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
         det._bank, det._run = arrays["bank"], arrays["run"]
         det._ring, tring = arrays["ring"], arrays["tring"]
         if "tepoch" in arrays:
@@ -453,12 +472,30 @@ class BankCusum:
         return rel
 
     # -- hot path ----------------------------------------------------------------
-    def update(self, rows: I64, ts: F64, values: F64) -> Detections:
-        """Feed one wave (each row at most once); NaN cells are left untouched."""
+    def update(self, rows: I64, ts: F64, values: F64, groups: I64 | None = None) -> Detections:
+        """Feed one wave (each row at most once); NaN cells are left untouched.
+
+        `groups` (optional, >= 0, one per row) names each stream's family, e.g. its
+        (pool, model, layer): a stream that finishes burn-in starts its AR and long-run
+        variance estimates from mature streams of its family (`warm_start`).
+        """
         rows = np.asarray(rows, dtype=np.int64)
         n = rows.size
         if n == 0:
             return Detections.empty()
+        if groups is not None and self.warm_start > 0:
+            fam = np.asarray(groups, dtype=np.int64)
+            if fam.shape != rows.shape or int(fam.min()) < 0:
+                raise ValueError("groups must be one id >= 0 per row")
+            self._fam_in = (rows, fam)
+            try:
+                return self._update(rows, ts, values)
+            finally:
+                self._fam_in = None
+        return self._update(rows, ts, values)
+
+    def _update(self, rows: I64, ts: F64, values: F64) -> Detections:
+        n = rows.size
         k = self.n_metrics
         ts = self._epoch(np.asarray(ts, dtype=np.float64))
         values = np.asarray(values, dtype=np.float64).reshape(n, k)
@@ -609,11 +646,12 @@ class BankCusum:
         mu, sig, phi = _get(s["mu"], sel), _get(s["sig"], sel), _get(s["phi"], sel)
         dprev, lprev = _get(s["dprev"], sel), _get(s["lprev"], sel)
         c2, lprev2 = _get(s["c2"], sel), _get(s["lprev2"], sel)
-        c0, c1, nb, ns = (
+        c0, c1, nb, ns, na = (
             _get(s["c0"], sel),
             _get(s["c1"], sel),
             _get(s["nb"], sel),
             _get(s["ns"], sel),
+            _get(s["na"], sel),
         )
 
         # Front-end: AR(1)-whitened, clipped innovation in sigma units.
@@ -679,10 +717,10 @@ class BankCusum:
             # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
             # Deflate z by the innovations' long-run variance ratio, less its noise.
             f = _get(s["lv"], sel) * np.float32(self._lrv_unit)
-            if int(ns.min()) >= self._ns_max:
+            if int(na.min()) >= self._ns_max:
                 padl: F32 | np.float32 = self._lrv_pad32[self.ar_window]
             else:
-                padl = np.take(self._ns_pad_lrv32, ns.astype(np.intp), mode="wrap")
+                padl = np.take(self._ns_pad_lrv32, na.astype(np.intp), mode="wrap")
             if ma_at is not None:
                 # ARMA cells are deflated by the point estimate: their long-run variance
                 # learns at all times (below), and what the MA term leaves is real.
@@ -784,15 +822,22 @@ class BankCusum:
             a_b = ab
             if not dense:
                 s["nb"][sel] = nb
-        ns_min, ns_max = int(ns.min()), self._ns_max
-        ns_sat = all_w and ns_min >= ns_max
+        # Two counts: ns for the scale, na for the AR and long-run variance estimates
+        # (na runs ahead of ns in a cell that started from its family's estimates).
+        ns_max = self._ns_max
+        ns_min, na_min = int(ns.min()), int(na.min())
+        ar_sat = na_min >= ns_max
+        sat = ns_min >= ns_max and ar_sat
+        ns_sat = all_w and sat
         if ns_sat:
             a_s: F32 | float = 1.0 / self.scale_window
             a_p: F32 | float = 1.0 / self.ar_window
-        elif ns_min >= ns_max:
+        elif sat:
             # Saturated but for absent cells: the same weights as below, without lookups.
             if int(ns.max()) > ns_max:
                 s["ns"][sel] = ns_max
+            if int(na.max()) > ns_max:
+                s["na"][sel] = ns_max
             inv32: F32 | np.float32 = self._inv_n32[self.ar_window]
             pad: F32 | np.float32 = self._ar_pad32[self.ar_window]
             a_p = w * inv32
@@ -800,17 +845,19 @@ class BankCusum:
         else:
             np.add(ns, w, out=ns)
             np.minimum(ns, ns_max, out=ns)
+            np.add(na, w, out=na)
+            np.minimum(na, ns_max, out=na)
             if not dense:
-                s["ns"][sel] = ns
-            nsi = ns.astype(np.intp)
-            inv32 = np.take(self._ns_inv_ar32, nsi, mode="wrap")  # 1 / min(ns, ar_window)
-            pad = np.take(self._ns_pad_ar32, nsi, mode="wrap")
+                s["ns"][sel], s["na"][sel] = ns, na
+            nai = na.astype(np.intp)
+            inv32 = np.take(self._ns_inv_ar32, nai, mode="wrap")  # 1 / min(na, ar_window)
+            pad = np.take(self._ns_pad_ar32, nai, mode="wrap")
             a_p = inv32 if all_w else inv32 * w
             sw, aw = self.scale_window, self.ar_window
-            if sw == aw or int(ns.max()) <= min(sw, aw):
-                a_s = a_p  # min(ns, scale_window) == min(ns, ar_window): the same weights
+            if (sw == aw or int(ns.max()) <= min(sw, aw)) and bool(np.array_equal(ns, na)):
+                a_s = a_p  # min(ns, scale_window) == min(na, ar_window): the same weights
             else:
-                a_s = np.take(self._ns_inv_scale32, nsi, mode="wrap")
+                a_s = np.take(self._ns_inv_scale32, ns.astype(np.intp), mode="wrap")
                 if not all_w:
                     a_s *= w
         step = sig * rl
@@ -896,8 +943,8 @@ class BankCusum:
             # margin / sqrt(min(ns, ar_window)), from a table like the AR(1) pad.
             pad2 = (
                 self._ar2_pad32[self.ar_window]
-                if ns_min >= ns_max
-                else np.take(self._ns_pad_ar2_32, nsi, mode="wrap")
+                if ar_sat
+                else np.take(self._ns_pad_ar2_32, na.astype(np.intp), mode="wrap")
             )
             r1 = np.maximum(est, np.float32(1e-3))
             np.divide(pad2, r1, out=r1)
@@ -1219,6 +1266,12 @@ class BankCusum:
         phi = np.clip(
             est + (1.0 + 3.0 * est) / count + self.ar_margin / np.sqrt(count), 0.0, self.ar_max
         )
+        donor = self._donors(cells, est + (1.0 + 3.0 * est) / count, count)
+        warm = donor >= 0
+        if warm.any():
+            # Whiten with the family's phi, so the scale is that of the innovations the
+            # borrowed autocovariances are measured in.
+            phi = np.where(warm, s["phi"][np.maximum(donor, 0)], phi)
         e = np.where(both, d[:, 1:] - phi[:, None] * d[:, :-1], np.nan)
         sig = np.maximum(sx * np.sqrt(np.maximum(1.0 - est * est, 0.0)), floor)
         for _ in range(3):  # Huber proposal-2 fixed point on the innovations
@@ -1236,6 +1289,62 @@ class BankCusum:
         s["lprev"][cells] = 0.0
         s["lprev2"][cells] = 0.0
         s["ns"][cells] = count.astype(np.int32)
+        s["na"][cells] = count.astype(np.int32)
+        if warm.any():
+            # The family's AR and long-run variance estimates (in innovation sigmas, so they
+            # carry over between streams of different scales), credited as `warm_start`
+            # samples: the cell whitens like a mature one from its first active window, and
+            # its own samples take over at the AR window's pace.
+            to, src = cells[warm], donor[warm]
+            for name in ("phi", "c0", "c1", "c2", "lv", "theta"):
+                s[name][to] = s[name][src]
+            s["na"][to] = np.maximum(s["na"][to], min(self.warm_start, self._ns_max))
+
+    def _donors(self, cells: I64, est: F64, count: F64) -> I64:
+        """For each never-baselined cell, a mature cell of its family and column whose phi
+        is at the family's upper quartile (-1: none, fewer than `_WARM_MIN_DONORS`, or a
+        cell whose own burn-in disagrees with its family).
+
+        The upper quartile errs towards over-whitening, which costs a little power, not
+        false pages. `est` is the cell's own (bias-corrected) lag-1 autocorrelation from
+        `count` burn-in samples: a cell clearly more persistent than its family would be
+        under-whitened and page, one clearly less persistent would be over-whitened and
+        slow, so either keeps its own estimates. Families come with the wave (`update`'s
+        `groups`); the wave's rows are (re)labelled here, so only waves in which some
+        cell finishes burn-in pay.
+        """
+        out = np.full(cells.size, -1, dtype=np.int64)
+        if self._fam_in is None:
+            return out
+        s, k = self._s, self.n_metrics
+        rows_in, fam_in = self._fam_in
+        wave_cells = (rows_in[:, None] * k + np.arange(k)).ravel()
+        s["fam"][wave_cells] = np.repeat(fam_in + 1, k).astype(np.int32)
+        credit = min(self.warm_start, self._ns_max)
+        used = self._rows_in_use() * k
+        fam = s["fam"][:used]
+        # Own samples (the scale's count), not credited ones: a warm-started cell lends
+        # nothing until its estimates rest on its own data.
+        mature = np.flatnonzero((s["ns"][:used] >= credit) & (fam > 0))
+        if mature.size < _WARM_MIN_DONORS:
+            return out
+        # Donor candidates sorted by (family, column, phi): each (family, column) is one
+        # run, and its upper quartile sits at a fixed share of the run.
+        key = fam[mature].astype(np.int64) * k + mature % k
+        order = np.lexsort((s["phi"][mature], key))
+        mature, key = mature[order], key[order]
+        want = s["fam"][cells].astype(np.int64) * k + cells % k
+        lo = np.searchsorted(key, want, side="left")
+        hi = np.searchsorted(key, want, side="right")
+        size = hi - lo
+        ok = (size >= _WARM_MIN_DONORS) & (s["fam"][cells] > 0)
+        pick = lo + np.floor(_WARM_QUANTILE * (size - 1)).astype(np.int64)
+        got = mature[np.minimum(pick, mature.size - 1)]
+        ref = s["c1"][got] / np.maximum(s["c0"][got], _EPS32)  # the donor's own estimate
+        se = 1.0 / np.sqrt(np.maximum(count, 1.0))
+        ok &= (est <= ref + _WARM_ABOVE * se) & (est >= ref - _WARM_BELOW * se)
+        out[ok] = got[ok]
+        return out
 
     def _level(self, cells: I64) -> None:
         """Level = median of the ring's samples; start the lagged updates from there."""

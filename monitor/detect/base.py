@@ -58,8 +58,12 @@ class Detections:
 class Detector(Protocol):
     """Online change-point detector over `capacity` streams × K metric columns."""
 
-    def update(self, rows: I64, ts: F64, values: F64) -> Detections:
-        """Feed one wave (each row at most once); return the change points it completed."""
+    def update(self, rows: I64, ts: F64, values: F64, groups: I64 | None = None) -> Detections:
+        """Feed one wave (each row at most once); return the change points it completed.
+
+        `groups` (optional, one id >= 0 per row) names each stream's family; a detector may
+        start a new stream's noise model from its family's (the bank's `warm_start`).
+        """
         ...
 
     def forget(self, rows: I64) -> None:

@@ -99,8 +99,8 @@ class Cusum:
         return det
 
     # -- hot path --------------------------------------------------------------
-    def update(self, rows: I64, ts: F64, values: F64) -> Detections:
-        """Feed one wave (each row at most once); NaN cells are skipped."""
+    def update(self, rows: I64, ts: F64, values: F64, groups: I64 | None = None) -> Detections:
+        """Feed one wave (each row at most once); NaN cells are skipped; no warm starts."""
         if rows.size == 0:
             return Detections.empty()
         self._grow(int(rows.max()) + 1)

@@ -100,8 +100,11 @@ class RiverDetector:
             return int(det.stat_size)
         return 1
 
-    def update(self, rows: I64, ts: F64, values: F64) -> Detections:
-        """Feed one wave (each row at most once); NaN cells are left untouched."""
+    def update(self, rows: I64, ts: F64, values: F64, groups: I64 | None = None) -> Detections:
+        """Feed one wave (each row at most once); NaN cells are left untouched.
+
+        `groups` is accepted for the seam's sake: river's detectors have no AR state to
+        warm-start."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return Detections.empty()

@@ -190,3 +190,37 @@ def test_memory_stays_flat_as_devices_come_and_go() -> None:
     assert max(b for _, _, b in sizes[half:]) <= max(b for _, _, b in sizes[:half])
     # And without expiry it would have grown: 20 generations of 16 devices.
     assert max(n for n, _, _ in sizes) < 20 * 16
+
+
+def test_new_devices_start_from_their_pools_noise_model() -> None:
+    """With `warm_start`, a device joining a mature pool gets its (pool, model, layer)
+    family's AR estimates at the end of its burn-in; without it, only its own."""
+
+    def joiners_warm(params: dict[str, float]) -> tuple[int, int]:
+        p = Pipeline(Settings(detector=DetectorSettings(params=params)))
+        rng = np.random.default_rng(9)
+        for w in range(140):
+            ts = T0 + 10.0 * (w + 1)
+            names = [f"node-{d // 8:03d}/gpu{d % 8}" for d in range(8)]
+            if w >= 100:
+                names += [f"node-new/gpu{d}" for d in range(4)]
+            batch = [
+                msg(window(name, ts, mfu=0.45 * (1 + 0.02 * rng.standard_normal()),
+                           stall=0.3 * (1 + 0.02 * rng.standard_normal())))
+                for name in names
+            ]  # fmt: skip
+            p.process(batch)
+        st = p.partitions[0]
+        det = st.layer_detector
+        k = det.n_metrics
+        rows = [st.table.layer_index[(st.table.devices[f"node-new/gpu{d}"].row, "attention")]
+                for d in range(4)]  # fmt: skip
+        cells = (np.array(rows)[:, None] * k + np.arange(k)).ravel()
+        s = det._s
+        assert len(st.table.devices) == 12
+        return int((s["na"][cells] > s["ns"][cells]).sum()), cells.size
+
+    warm, cells = joiners_warm({"warm_start": 48})
+    assert warm >= cells // 4  # the metrics with a spread to learn from
+    cold, _ = joiners_warm({})
+    assert cold == 0

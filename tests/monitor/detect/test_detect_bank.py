@@ -1069,3 +1069,127 @@ def test_baseline_window_longer_than_scale_and_ar_windows_runs_past_it() -> None
         det.update(rows, np.full(4, float(t)), rng.standard_normal((4, 1)) + 3.0)
     assert int(det._s["nb"].max()) == 200
     assert np.all(np.abs(det._s["mu"][:4] - 3.0) < 0.3)
+
+
+# -- warm starts ----------------------------------------------------------------------------
+
+
+def _family_then_joiners(
+    det: BankCusum,
+    joiner_phi: float,
+    family_phi: float,
+    *,
+    n_old: int = 40,
+    n_new: int = 20,
+    w_old: int = 200,
+    w_new: int = 40,
+    groups: bool = True,
+    seed: int = 21,
+) -> None:
+    """`n_old` AR(1) streams of one family for `w_old` windows, then `n_new` joiners."""
+    rng = np.random.default_rng(seed)
+    old, new = rng.standard_normal(n_old), rng.standard_normal(n_new)
+    rows_old, rows_all = np.arange(n_old), np.arange(n_old + n_new)
+    fam = np.zeros(n_old + n_new, dtype=np.int64)
+    for t in range(w_old + w_new):
+        old = family_phi * old + math.sqrt(1 - family_phi**2) * rng.standard_normal(n_old)
+        if t < w_old:
+            rows, x = rows_old, old
+        else:
+            new = joiner_phi * new + math.sqrt(1 - joiner_phi**2) * rng.standard_normal(n_new)
+            rows, x = rows_all, np.concatenate([old, new])
+        det.update(rows, np.full(rows.size, WINDOW * t), 10.0 + x[:, None],
+                   fam[: rows.size] if groups else None)  # fmt: skip
+
+
+def test_warm_start_gives_joiners_their_familys_ar_estimates() -> None:
+    """Streams joining a mature family of AR(1) streams whiten with the family's phi from
+    their first active window, credited as `warm_start` samples; their scale is their own."""
+    det = BankCusum(1, warm_start=128, capacity=64)
+    _family_then_joiners(det, 0.6, 0.6)
+    s = det._s
+    joiners = np.arange(40, 60)
+    warm = joiners[s["na"][joiners] > s["ns"][joiners]]
+    assert warm.size >= 12  # most agree with their family within the gate
+    # Their 32 burn-in samples for the scale, the credit for the AR estimates (the counts
+    # move again once samples leave the lagged ring, 32 windows after burn-in).
+    assert (s["ns"][warm] == 32).all()
+    assert (s["na"][warm] == 128).all()
+    family_phi = np.sort(s["phi"][:40])
+    assert family_phi[9] <= s["phi"][warm].min()  # the upper quartile, not the bottom
+    assert abs(float(np.median(s["phi"][warm])) - float(np.median(family_phi))) < 0.1
+    # Cold joiners keep the wide margin of 32 samples: a phi well above the family's.
+    cold = BankCusum(1, capacity=64)
+    _family_then_joiners(cold, 0.6, 0.6)
+    assert (cold._s["na"] == cold._s["ns"]).all()
+    assert float(np.median(cold._s["phi"][joiners])) > float(np.median(s["phi"][warm])) + 0.05
+
+
+def test_warm_start_needs_groups_donors_and_agreement() -> None:
+    """No groups, too few mature donors, or a joiner whose own burn-in says it is far more
+    (or far less) persistent than its family: the joiner keeps its own estimates."""
+    for kw, joiner, family in (
+        ({"groups": False}, 0.6, 0.6),
+        ({"n_old": 3}, 0.6, 0.6),
+        ({"w_old": 100}, 0.6, 0.6),  # donors with fewer own samples than the credit
+        ({}, 0.95, 0.0),  # a slow metric in a white family would be under-whitened
+        ({}, 0.0, 0.9),  # a white stream in a slow family would be over-whitened
+    ):
+        det = BankCusum(1, warm_start=128, capacity=64)
+        _family_then_joiners(det, joiner, family, **kw)  # type: ignore[arg-type]
+        s, n_old = det._s, int(kw.get("n_old", 40))
+        joiners = np.arange(n_old, n_old + 20)
+        assert (s["na"][joiners] == s["ns"][joiners]).all(), (kw, joiner, family)
+
+
+def test_warm_started_joiners_of_a_slow_family_page_less() -> None:
+    """The simulator's MFU shape (a slow wander under heavy-tailed noise): new streams of
+    a mature family raise far fewer false alarms in their first windows when warm-started."""
+
+    def alarms(warm: bool) -> int:
+        rng = np.random.default_rng(5)
+        n_old, n_new = 200, 400
+        det = BankCusum(1, warm_start=1024, min_rel_change=0.0, capacity=n_old + n_new)
+        wander = rng.standard_normal(n_old + n_new)
+        fam = np.zeros(n_old + n_new, dtype=np.int64)
+        count = 0
+        for t in range(1100 + 600):
+            wander = 0.97 * wander + math.sqrt(1 - 0.97**2) * rng.standard_normal(wander.size)
+            x = 10.0 + 0.4 * wander + rng.standard_t(4, wander.size) / math.sqrt(2.0)
+            rows = np.arange(n_old if t < 1100 else n_old + n_new)
+            hits = det.update(rows, np.full(rows.size, WINDOW * t), x[rows, None],
+                              fam[rows] if warm else None)  # fmt: skip
+            count += int((hits.rows >= n_old).sum())
+        return count
+
+    cold, warm = alarms(False), alarms(True)
+    assert cold >= 40  # the young streams' false alarms this is about
+    assert warm * 2 <= cold
+
+
+def test_restore_accepts_a_checkpoint_from_before_warm_starts() -> None:
+    """A checkpoint without the AR count and the family: the AR count is the scale's, as
+    it was, and future outputs match the detector that wrote it."""
+    rng = np.random.default_rng(14)
+    det = BankCusum(1)
+    feed(det, 10.0 + rng.standard_normal((300, 5, 1)))
+    params, arrays = _blob.unpack(det.snapshot(), "bank")
+    del arrays["na"], arrays["fam"]
+    del params["warm_start"]
+    old = BankCusum.restore(_blob.pack("bank", params, arrays))
+    np.testing.assert_array_equal(old._s["na"], det._s["ns"][:5])
+    later = 10.0 + rng.standard_normal((100, 5, 1))
+    later[50:, :2] += 4.0
+    a, b = feed(det, later, t0=3000.0), feed(old, later, t0=3000.0)
+    assert sorted(a.rows.tolist()) == [0, 1]
+    for f in ("rows", "detected_ts", "onset_ts", "before", "after", "score"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert det.snapshot() == old.snapshot()
+
+
+def test_groups_must_match_the_rows() -> None:
+    det = BankCusum(1, warm_start=64)
+    with pytest.raises(ValueError, match="one id >= 0 per row"):
+        det.update(np.arange(3), np.zeros(3), np.ones((3, 1)), np.zeros(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="one id >= 0 per row"):
+        det.update(np.arange(3), np.zeros(3), np.ones((3, 1)), np.array([0, -1, 0]))

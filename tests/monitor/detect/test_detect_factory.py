@@ -254,7 +254,7 @@ def test_retuned_state_carries_on_under_any_new_parameters(**params: float) -> N
     for name, arr in saved._s.items():
         if name == "nb":
             np.testing.assert_array_equal(det._s[name], np.minimum(arr, det.baseline_window))
-        elif name == "ns":
+        elif name in ("ns", "na"):
             np.testing.assert_array_equal(det._s[name], np.minimum(arr, det._ns_max))
         else:
             np.testing.assert_array_equal(det._s[name], arr)
