@@ -27,6 +27,9 @@ shifts of 0.5, 1, 2 and 3 sd with a random sign on an established baseline.
   alarms after the first true one as false.
 * Delay: post-change windows seen at detection (1 = the first changed one).
   Onset error: estimated onset vs the end of the last unchanged window.
+* Joiners: new streams joining a mature family of streams (a device added to a
+  pool), cold and with `warm_start` (their family's AR estimates), including
+  two mismatched families: false alarms over their first windows, 1 sd recall.
 * Throughput: one process, 100k streams, dense waves; per-wave latency as
   p50/p95/p99 (river's streaming quantiles), plus a random-order wave and a
   sparse K=8 matrix with 20% of cells missing (masked block path).
@@ -481,6 +484,65 @@ def engine_young(
     return {str(s): sc.row(s) for s in YOUNG_SHIFTS} | {"precision": sc.precision}
 
 
+# Streams joining a mature family (a device added to a pool, or back after its streams
+# expired): (joiner's noise, the family's noise). The last two are mismatches.
+JOINERS = (
+    ("gauss", "gauss"), ("t3", "t3"), ("ar1", "ar1"), ("wander_noise", "wander_noise"),
+    ("ar1", "gauss"), ("gauss", "wander_noise"),
+)  # fmt: skip
+JOIN_CREDIT = 1024  # `warm_start` in the warm runs
+
+
+def _join_noise(kind: str, n: int, rng: np.random.Generator) -> Callable[[], F64]:
+    """The next window of `kind` for n streams: a clean noise or a telemetry shape."""
+    if kind in NOISES:
+        return Noise(kind, n, rng).next
+    state = {"prev": rng.standard_normal(n), "burst": np.zeros(n)}
+    return lambda: telemetry_window(kind, state, rng)
+
+
+def engine_join(
+    joiner: str, family: str, warm: bool, sizes: tuple[int, int, int, int], seed: int
+) -> dict[str, float]:
+    """New streams joining `n_old` mature streams of one family after `w_old` windows,
+    cold or warm-started (`warm_start` = JOIN_CREDIT, families passed): their false alarms
+    per 1e5 over their first `w_new` windows, and their recall of a 1 sd shift after 250
+    windows (within 350; median delay)."""
+    n_old, n_new, w_old, w_new = sizes
+    out: dict[str, float] = {}
+    for shift in (False, True):
+        rng = np.random.default_rng([seed, 5, int(shift)])
+        n = n_new // 3 if shift else n_new
+        det = BankCusum(
+            1, min_rel_change=0.0, warm_start=JOIN_CREDIT if warm else 0, capacity=n_old + n
+        )
+        old, new = _join_noise(family, n_old, rng), _join_noise(joiner, n, rng)
+        rows, fam = np.arange(n_old + n), np.zeros(n_old + n, dtype=np.int64)
+        signs = rng.choice([-1.0, 1.0], n)
+        windows = 250 + 350 if shift else w_new
+        count, first = 0, np.full(n, -1)
+        for t in range(w_old + windows):
+            r = rows[:n_old] if t < w_old else rows
+            x = LEVEL + old() if t < w_old else np.concatenate([LEVEL + old(), LEVEL + new()])
+            age = t - w_old
+            if shift and age >= 250:
+                x[n_old:] += signs
+            hits = det.update(r, np.full(r.size, float(t)), x[:, None], fam[: r.size])
+            got = hits.rows[hits.rows >= n_old] - n_old
+            if not shift:
+                count += got.size
+            elif age >= 250:
+                got = got[first[got] < 0]
+                first[got] = age - 250
+        if shift:
+            hit = first >= 0
+            out["recall_1sd_at_250"] = float(hit.mean())
+            out["delay_median"] = float(np.median(first[hit])) if hit.any() else math.nan
+        else:
+            out["per_1e5"] = 1e5 * count / (n * windows)
+    return out
+
+
 def engine_large(kind: str, n_per: int, rng: np.random.Generator) -> dict[float, float]:
     """Median delay (windows) of the engine on large steps, after 400 windows of history."""
     sizes = np.repeat(np.array(LARGE), n_per)
@@ -895,6 +957,15 @@ def main(argv: list[str] | None = None) -> int:
                for age in YOUNG_AGES}
         for kind in NOISES
     }  # fmt: skip
+    join_sizes = (600, 900, 1200, 600) if args.quick else (2_000, 4_500, 1_500, 1_000)
+    joiners = {
+        f"{j} in {f}": {
+            mode: engine_join(j, f, mode == "warm", join_sizes, args.seed)
+            for mode in ("cold", "warm")
+        }
+        for j, f in JOINERS
+    }
+    detail["joiners"] = {"credit": JOIN_CREDIT, "sizes": join_sizes, "rows": joiners}
     print(f"engine measured ({time.perf_counter() - started:.0f} s)", flush=True)
 
     # 1b. Telemetry-like nulls.
@@ -1051,6 +1122,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"{s:g} sd {young[kind][age][str(s)]['recall']:.2f} "
                 f"({young[kind][age][str(s)]['delay_median']:.0f})" for s in YOUNG_SHIFTS)
             for age in YOUNG_AGES))  # fmt: skip
+    table(
+        f"Streams joining a mature family ({join_sizes[1]} joiners after {join_sizes[2]} "
+        f"windows of {join_sizes[0]} family streams; warm: warm_start = {JOIN_CREDIT}, off by "
+        "default): false alarms per 1e5 over their first "
+        f"{join_sizes[3]} windows, 1 sd recall after 250 windows (median delay)",
+        ["joiner in family", "FA cold", "FA warm", "recall cold", "recall warm",
+         "delay cold", "delay warm"],
+        [
+            [name, r["cold"]["per_1e5"], r["warm"]["per_1e5"], r["cold"]["recall_1sd_at_250"],
+             r["warm"]["recall_1sd_at_250"], r["cold"]["delay_median"],
+             r["warm"]["delay_median"]]
+            for name, r in joiners.items()
+        ],
+    )  # fmt: skip
     print(
         f"river calibration (Gaussian, target {river['adwin']['target_per_1e5']:.2f} per 1e5, "
         "the engine's Gaussian rate): "
