@@ -97,7 +97,7 @@ _WARM_QUANTILE = 0.75
 _WARM_MIN_DONORS = 4
 # ... unless the cell's own burn-in estimate lies more than this many standard errors
 # above the family's (it would be under-whitened: pages) or below it (over-whitened: slow).
-_WARM_ABOVE = 1.0
+_WARM_ABOVE = 0.5
 _WARM_BELOW = 2.0
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32

@@ -1110,7 +1110,7 @@ def test_warm_start_gives_joiners_their_familys_ar_estimates() -> None:
     s = det._s
     joiners = np.arange(40, 60)
     warm = joiners[s["na"][joiners] > s["ns"][joiners]]
-    assert warm.size >= 12  # most agree with their family within the gate
+    assert warm.size >= 10  # most agree with their family within the gate
     # Their 32 burn-in samples for the scale, the credit for the AR estimates (the counts
     # move again once samples leave the lagged ring, 32 windows after burn-in).
     assert (s["ns"][warm] == 32).all()
