@@ -1,11 +1,17 @@
 """Diagnosis quality over the simulator's scenario pack: incidents, stages, rollbacks, delay.
 
     python bench/diagnose.py --json out/bench/diagnose.json [--devices 128] [--scenario NAME]
+        [--late-join SHARE@FRACTION] [--param NAME=VALUE ...]
 
 Each scenario runs in process (simulator → pipeline, no broker) with its labels
 as ground truth. An alert matches a labelled incident when it names the same
 pool and its onset lies within `--tolerance` windows of the labelled onset
 (the incident's end, if labelled, bounds it too).
+
+`--late-join 0.25@0.5` holds back the records of every fourth device (by id)
+until half the run has passed: those devices join their pools then, as new
+devices or ones back after their streams expired do. `--param` sets detector
+parameters (e.g. `--param warm_start=1024`).
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +31,14 @@ from typing import Any
 # bench/sim.py would shadow the `sim` package when this script's folder leads sys.path.
 sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).resolve().parent]
 
+from pydantic import ValidationError  # noqa: E402
+
 from monitor.app import Runner  # noqa: E402
-from monitor.config import Settings  # noqa: E402
+from monitor.cli import detector_param  # noqa: E402
+from monitor.config import DetectorSettings, Settings, first_error  # noqa: E402
 from monitor.pipeline import Pipeline  # noqa: E402
 from monitor.sinks.memory import ListSink  # noqa: E402
+from monitor.sources.base import RawMessage  # noqa: E402
 from monitor.sources.simulated import SimulatorSource  # noqa: E402
 from monitor.wire import Alert  # noqa: E402
 from sim.run import simulate  # noqa: E402
@@ -58,16 +70,52 @@ class ScenarioResult:
     seconds: float = 0.0
 
 
+class LateJoinSource(SimulatorSource):
+    """The simulator's batches with every `every`-th device (by sorted id) held back
+    until window `join_at`: devices that join their pools mid-run."""
+
+    def __init__(self, *args: Any, every: int, join_at: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.every, self.join_at = every, join_at
+        self.held = 0  # records held back
+
+    async def batches(self) -> AsyncIterator[list[RawMessage]]:
+        """The batches, less the late devices' records before they join."""
+        late: set[bytes] | None = None
+        w = 0
+        async for batch in super().batches():
+            if late is None:
+                keys = sorted({m.key for m in batch if m.topic == self.topics.samples and m.key})
+                late = set(keys[:: self.every])
+            kept = batch
+            if w < self.join_at:
+                kept = [m for m in batch if m.topic != self.topics.samples or m.key not in late]
+                self.held += len(batch) - len(kept)
+            w += 1
+            yield kept
+
+
 async def run_scenario(name: str, devices: int | None, seed: int, settings: Settings,
-                       tolerance: float) -> tuple[ScenarioResult, list[Alert]]:  # fmt: skip
+                       tolerance: float, late_join: tuple[float, float] | None = None,
+                       ) -> tuple[ScenarioResult, list[Alert]]:  # fmt: skip
     """Simulate one scenario, run the monitor over it, and score the alerts."""
     sc = SCENARIOS[name]
     sim = simulate(name, devices=devices or sc.default_devices,
                    duration_s=sc.default_duration_s, seed=seed)  # fmt: skip
     sink = ListSink()
     t0 = time.perf_counter()
-    await Runner(SimulatorSource(sim, settings.kafka.topics, partitions=4),
-                 Pipeline(settings), [sink]).run()  # fmt: skip
+    source: SimulatorSource = SimulatorSource(sim, settings.kafka.topics, partitions=4)
+    if late_join is not None:
+        share, frac = late_join
+        windows = round(sc.default_duration_s / float(sim.labels["window_s"]))
+        source = LateJoinSource(
+            sim,
+            settings.kafka.topics,
+            partitions=4,
+            every=max(1, round(1.0 / share)),
+            join_at=round(frac * windows),
+        )
+    await Runner(source, Pipeline(settings), [sink]).run()  # fmt: skip
     labels = sim.labels
     res = score(labels, sink.alerts, tolerance)
     res.seconds = time.perf_counter() - t0
@@ -136,6 +184,18 @@ def score(labels: dict[str, Any], alerts: list[Alert], tolerance: float) -> Scen
     return res
 
 
+def _late_join(text: str) -> tuple[float, float]:
+    """SHARE@FRACTION, both in (0, 1]."""
+    share, sep, frac = text.partition("@")
+    try:
+        pair = (float(share), float(frac))
+    except ValueError:
+        pair = (math.nan, math.nan)
+    if not sep or not all(0.0 < v <= 1.0 for v in pair):
+        raise argparse.ArgumentTypeError(f"invalid --late-join {text!r} (use SHARE@FRACTION)")
+    return pair
+
+
 def main() -> int:
     """Run the pack, print a table, optionally write JSON."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -144,11 +204,34 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tolerance", type=float, default=6.0, help="onset match, in windows")
     ap.add_argument("--scenario", action="append", help="run only these")
+    ap.add_argument(
+        "--late-join",
+        type=_late_join,
+        metavar="SHARE@FRACTION",
+        help="hold back every 1/SHARE-th device until FRACTION of the run",
+    )
+    ap.add_argument(
+        "--param",
+        type=detector_param,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a detector parameter (repeatable)",
+    )
     args = ap.parse_args()
-    settings = Settings()
+    try:
+        settings = Settings()
+        if args.param:
+            # On top of the configured detector (FLOPWATCH_DETECTOR__* still apply).
+            conf = settings.detector.model_dump()
+            conf["params"] = {**conf["params"], **dict(args.param)}
+            settings = settings.model_copy(update={"detector": DetectorSettings(**conf)})
+    except ValidationError as exc:
+        ap.error(first_error(exc, "detector"))
     results = []
     for name in args.scenario or PACK:
-        res, _ = asyncio.run(run_scenario(name, args.devices, args.seed, settings, args.tolerance))
+        res, _ = asyncio.run(run_scenario(name, args.devices, args.seed, settings, args.tolerance,
+                                          args.late_join))  # fmt: skip
         results.append(res)
     hdr = f"{'scenario':26} {'inc':>3} {'found':>5} {'false':>5} {'f.page':>6} {'dup':>3} " \
           f"{'stage':>5} {'rollbk':>6} {'delay':>5} {'sec':>5}  notes"  # fmt: skip
@@ -180,6 +263,8 @@ def main() -> int:
         "incidents_ended_in_labels": sum(r.ended for r in results),
         "incidents": total,
         "detector": settings.detector.kind,
+        "detector_params": settings.detector.params,
+        "late_join": args.late_join,
     }
     print(json.dumps(summary, indent=2))
     if args.json:
