@@ -1323,9 +1323,13 @@ class BankCusum:
         credit = min(self.warm_start, self._ns_max)
         used = self._rows_in_use() * k
         fam = s["fam"][:used]
-        # Own samples (the scale's count), not credited ones: a warm-started cell lends
-        # nothing until its estimates rest on its own data.
-        mature = np.flatnonzero((s["ns"][:used] >= credit) & (fam > 0))
+        # Only the families of the cells starting now (a table lookup, no sort of the
+        # whole detector); own samples (the scale's count), not credited ones: a
+        # warm-started cell lends nothing until its estimates rest on its own data.
+        wanted = np.zeros(int(fam.max()) + 1, dtype=np.bool_)
+        wanted[s["fam"][cells]] = True
+        wanted[0] = False
+        mature = np.flatnonzero(wanted[fam] & (s["ns"][:used] >= credit))
         if mature.size < _WARM_MIN_DONORS:
             return out
         # Donor candidates sorted by (family, column, phi): each (family, column) is one
