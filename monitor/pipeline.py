@@ -109,6 +109,7 @@ class Pipeline:
         # Per stream kind: what the detectors' alarms became, and the change points by
         # metric and materiality, so a noisy metric shows on /metrics before it pages.
         self.alarm_counts: Counter[tuple[str, str]] = Counter()
+        self.warm_counts: Counter[tuple[str, str]] = Counter()  # (stream kind, outcome)
         self.point_counts: Counter[tuple[str, str, bool]] = Counter()
         d = settings.detector
         # Reporting floors per metric column (absolute, relative), defaults overridden.
@@ -371,6 +372,11 @@ class Pipeline:
                 for outcome, n in drain().items():
                     if n:
                         self.alarm_counts[kind, outcome] += n
+            drain_warm = getattr(detector, "drain_warm_starts", None)
+            if drain_warm is not None:
+                for outcome, n in drain_warm().items():
+                    if n:
+                        self.warm_counts[kind, outcome] += n
         if frame.kernel_changes:
             self.point_counts["layer", "kernel", True] += len(frame.kernel_changes)
         for row, k_ts, _old, _new in frame.kernel_changes:

@@ -128,6 +128,16 @@ class DaemonCollector(Collector):
         for (stream, outcome), n in sorted(p.alarm_counts.items()):
             alarms.add_metric([stream, outcome], n)
         yield alarms
+        warm = CounterMetricFamily(
+            "flopwatch_detector_warm_starts_total",
+            "Streams that finished burn-in under detector.params.warm_start, by stream kind "
+            "and outcome: borrowed (their family's AR estimates), own (they disagreed with "
+            "their family) or no_donor (too few mature streams in their family).",
+            labels=["stream", "outcome"],
+        )
+        for (stream, outcome), n in sorted(p.warm_counts.items()):
+            warm.add_metric([stream, outcome], n)
+        yield warm
         restores = CounterMetricFamily(
             "flopwatch_detector_restores_total",
             "Detectors restored from a checkpoint, by outcome: kept (written with the "

@@ -75,3 +75,22 @@ def fleet(windows: int, *, devices: int = 32, regress_at: int | None = None,
             batch.append(msg(rec, partition=d % 4))
         batches.append(batch)
     return batches
+
+
+def joining_fleet(
+    windows: int = 140, join_at: int = 100, *, seed: int = 9
+) -> list[list[RawMessage]]:
+    """Batches: 8 train-a devices from the start, 4 more (`node-new/gpuN`) from `join_at`."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for w in range(windows):
+        ts = T0 + 10.0 * (w + 1)
+        names = [f"node-000/gpu{d}" for d in range(8)]
+        if w >= join_at:
+            names += [f"node-new/gpu{d}" for d in range(4)]
+        batches.append([
+            msg(window(name, ts, mfu=0.45 * (1 + 0.02 * rng.standard_normal()),
+                       stall=0.3 * (1 + 0.02 * rng.standard_normal())))
+            for name in names
+        ])  # fmt: skip
+    return batches

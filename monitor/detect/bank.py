@@ -91,6 +91,10 @@ _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest membe
 # What an alarm (the statistic crossing h, or a jump run) became: a detection, dropped by
 # the spread veto (a burst of spread), or a silent re-baseline below `min_rel_change`.
 ALARM_OUTCOMES = ("reported", "vetoed", "below_min_change")
+# How streams that finished burn-in with families given (and `warm_start` on) started: from
+# a family member's estimates, on their own because they disagreed with the family, or on
+# their own for want of mature family members.
+WARM_OUTCOMES = ("borrowed", "own", "no_donor")
 # Warm starts: a new stream's AR estimates come from the phi at this quantile of at
 # least this many mature streams of its family and column.
 _WARM_QUANTILE = 0.75
@@ -300,6 +304,7 @@ class BankCusum:
         self._t0 = math.nan  # epoch of the time ring: set by the first wave
         # What became of alarms since the last `drain_stats` (process counters, not state).
         self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
+        self._warm_stats = dict.fromkeys(WARM_OUTCOMES, 0)
         self._grow(max(int(capacity), 1))
 
     # -- parameters and state ------------------------------------------------
@@ -322,6 +327,11 @@ class BankCusum:
     def drain_stats(self) -> dict[str, int]:
         """Alarms by outcome (`ALARM_OUTCOMES`) since the last call; the counts restart."""
         out, self._stats = self._stats, dict.fromkeys(ALARM_OUTCOMES, 0)
+        return out
+
+    def drain_warm_starts(self) -> dict[str, int]:
+        """Streams started since the last call, by `WARM_OUTCOMES`; the counts restart."""
+        out, self._warm_stats = self._warm_stats, dict.fromkeys(WARM_OUTCOMES, 0)
         return out
 
     @property
@@ -1331,6 +1341,7 @@ class BankCusum:
         wanted[0] = False
         mature = np.flatnonzero(wanted[fam] & (s["ns"][:used] >= credit))
         if mature.size < _WARM_MIN_DONORS:
+            self._warm_stats["no_donor"] += cells.size
             return out
         # Donor candidates sorted by (family, column, phi): each (family, column) is one
         # run, and its upper quartile sits at a fixed share of the run.
@@ -1346,8 +1357,13 @@ class BankCusum:
         got = mature[np.minimum(pick, mature.size - 1)]
         ref = s["c1"][got] / np.maximum(s["c0"][got], _EPS32)  # the donor's own estimate
         se = 1.0 / np.sqrt(np.maximum(count, 1.0))
+        with_donors = int(ok.sum())
         ok &= (est <= ref + _WARM_ABOVE * se) & (est >= ref - _WARM_BELOW * se)
         out[ok] = got[ok]
+        borrowed = int(ok.sum())
+        self._warm_stats["borrowed"] += borrowed
+        self._warm_stats["own"] += with_donors - borrowed
+        self._warm_stats["no_donor"] += cells.size - with_donors
         return out
 
     def _level(self, cells: I64) -> None:

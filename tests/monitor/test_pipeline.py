@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from factories import T0, fleet, msg, window
+from factories import T0, fleet, joining_fleet, msg, window
 
 from monitor.config import DetectorSettings, Settings
 from monitor.pipeline import Pipeline
@@ -196,20 +196,8 @@ def test_new_devices_start_from_their_pools_noise_model() -> None:
     """With `warm_start`, a device joining a mature pool gets its (pool, model, layer)
     family's AR estimates at the end of its burn-in; without it, only its own."""
 
-    def joiners_warm(params: dict[str, float]) -> tuple[int, int]:
-        p = Pipeline(Settings(detector=DetectorSettings(params=params)))
-        rng = np.random.default_rng(9)
-        for w in range(140):
-            ts = T0 + 10.0 * (w + 1)
-            names = [f"node-{d // 8:03d}/gpu{d % 8}" for d in range(8)]
-            if w >= 100:
-                names += [f"node-new/gpu{d}" for d in range(4)]
-            batch = [
-                msg(window(name, ts, mfu=0.45 * (1 + 0.02 * rng.standard_normal()),
-                           stall=0.3 * (1 + 0.02 * rng.standard_normal())))
-                for name in names
-            ]  # fmt: skip
-            p.process(batch)
+    def joiners_warm(params: dict[str, float]) -> tuple[int, int, Pipeline]:
+        p, _, _ = _run(joining_fleet(), Settings(detector=DetectorSettings(params=params)))
         st = p.partitions[0]
         det = st.layer_detector
         k = det.n_metrics
@@ -218,9 +206,14 @@ def test_new_devices_start_from_their_pools_noise_model() -> None:
         cells = (np.array(rows)[:, None] * k + np.arange(k)).ravel()
         s = det._s
         assert len(st.table.devices) == 12
-        return int((s["na"][cells] > s["ns"][cells]).sum()), cells.size
+        return int((s["na"][cells] > s["ns"][cells]).sum()), cells.size, p
 
-    warm, cells = joiners_warm({"warm_start": 48})
+    warm, cells, p = joiners_warm({"warm_start": 48})
     assert warm >= cells // 4  # the metrics with a spread to learn from
-    cold, _ = joiners_warm({})
+    # Counted for /metrics: every borrowing cell (attention and mlp layers), and the
+    # first devices, which had no mature family to borrow from.
+    assert p.warm_counts["layer", "borrowed"] >= warm
+    assert p.warm_counts["layer", "no_donor"] >= 8 * 2  # a metric per layer, at least
+    cold, _, q = joiners_warm({})
     assert cold == 0
+    assert not q.warm_counts

@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
-from factories import fleet, msg
+from factories import fleet, joining_fleet, msg
 from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor.app import Runner
@@ -135,3 +135,18 @@ def test_detector_restores_are_counted_by_outcome() -> None:
     name = "flopwatch_detector_restores_total"
     assert _value(registry, name, outcome="retuned") == 4 * len(blobs)
     assert _value(registry, name, outcome="reset") == 0
+
+
+async def test_warm_starts_are_counted_by_outcome() -> None:
+    """`flopwatch_detector_warm_starts_total` shows what became of streams finishing
+    burn-in under `warm_start`: joiners of a mature pool borrowed, the first devices did not."""
+    settings = Settings(detector=DetectorSettings(params={"warm_start": 48}))
+    runner = Runner(ListSource(joining_fleet()), Pipeline(settings), [ListSink()])
+    registry = register_metrics(CollectorRegistry(), runner, ready=lambda: True)
+    await runner.run()
+    counts = runner.pipeline.warm_counts
+    assert counts["layer", "borrowed"] > 0
+    assert counts["layer", "no_donor"] > 0
+    for (stream, outcome), n in counts.items():
+        assert _value(registry, "flopwatch_detector_warm_starts_total", stream=stream,
+                      outcome=outcome) == n  # fmt: skip

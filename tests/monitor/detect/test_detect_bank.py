@@ -1118,6 +1118,11 @@ def test_warm_start_gives_joiners_their_familys_ar_estimates() -> None:
     family_phi = np.sort(s["phi"][:40])
     assert family_phi[9] <= s["phi"][warm].min()  # the upper quartile, not the bottom
     assert abs(float(np.median(s["phi"][warm])) - float(np.median(family_phi))) < 0.1
+    # Counted: the joiners that borrowed, those that kept their own (the family itself had
+    # no mature members when it burned in).
+    stats = det.drain_warm_starts()
+    assert stats == {"borrowed": warm.size, "own": 20 - warm.size, "no_donor": 40}
+    assert det.drain_warm_starts() == {"borrowed": 0, "own": 0, "no_donor": 0}
     # Cold joiners keep the wide margin of 32 samples: a phi well above the family's.
     cold = BankCusum(1, capacity=64)
     _family_then_joiners(cold, 0.6, 0.6)
