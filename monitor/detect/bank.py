@@ -102,6 +102,7 @@ _WARM_MIN_DONORS = 4
 # ... unless the cell's own burn-in estimate lies more than this many standard errors
 # above the family's (it would be under-whitened: pages) or below it (over-whitened: slow).
 _WARM_ABOVE = 0.5
+_FAM_MAX = (1 << 31) - 1  # families are stored as id + 1 in int32
 _WARM_BELOW = 2.0
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
@@ -495,8 +496,8 @@ class BankCusum:
             return Detections.empty()
         if groups is not None and self.warm_start > 0:
             fam = np.asarray(groups, dtype=np.int64)
-            if fam.shape != rows.shape or int(fam.min()) < 0:
-                raise ValueError("groups must be one id >= 0 per row")
+            if fam.shape != rows.shape or int(fam.min()) < 0 or int(fam.max()) >= _FAM_MAX:
+                raise ValueError(f"groups must be one id in [0, {_FAM_MAX}) per row")
             self._fam_in = (rows, fam)
             try:
                 return self._update(rows, ts, values)
@@ -1336,10 +1337,8 @@ class BankCusum:
         # Only the families of the cells starting now (a table lookup, no sort of the
         # whole detector); own samples (the scale's count), not credited ones: a
         # warm-started cell lends nothing until its estimates rest on its own data.
-        wanted = np.zeros(int(fam.max()) + 1, dtype=np.bool_)
-        wanted[s["fam"][cells]] = True
-        wanted[0] = False
-        mature = np.flatnonzero(wanted[fam] & (s["ns"][:used] >= credit))
+        wanted = np.unique(s["fam"][cells])
+        mature = np.flatnonzero(np.isin(fam, wanted[wanted > 0]) & (s["ns"][:used] >= credit))
         if mature.size < _WARM_MIN_DONORS:
             self._warm_stats["no_donor"] += cells.size
             return out

@@ -1194,7 +1194,51 @@ def test_restore_accepts_a_checkpoint_from_before_warm_starts() -> None:
 
 def test_groups_must_match_the_rows() -> None:
     det = BankCusum(1, warm_start=64)
-    with pytest.raises(ValueError, match="one id >= 0 per row"):
-        det.update(np.arange(3), np.zeros(3), np.ones((3, 1)), np.zeros(2, dtype=np.int64))
-    with pytest.raises(ValueError, match="one id >= 0 per row"):
-        det.update(np.arange(3), np.zeros(3), np.ones((3, 1)), np.array([0, -1, 0]))
+    for groups in (np.zeros(2, dtype=np.int64), np.array([0, -1, 0]), np.array([0, 2**31, 0])):
+        with pytest.raises(ValueError, match="one id in"):
+            det.update(np.arange(3), np.zeros(3), np.ones((3, 1)), groups)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), cut=st.integers(60, 259), k=st.integers(1, 2))
+def test_warm_started_detector_round_trips_and_stays_finite(seed: int, cut: int, k: int) -> None:
+    """Random waves (rows coming and going, missing cells, several families, joiners at
+    random times) under `warm_start`: state stays finite, and a checkpoint at any point
+    restores to identical future outputs."""
+    rng = np.random.default_rng(seed)
+    n, t_len = 24, 320
+    phi = rng.choice([0.0, 0.5, 0.9], n)
+    x = np.zeros((t_len, n, k))
+    e = rng.standard_normal((t_len, n, k))
+    for t in range(1, t_len):
+        x[t] = phi[:, None] * x[t - 1] + e[t]
+    x += 5.0
+    x[rng.random(x.shape) < 0.1] = np.nan
+    born = rng.integers(0, 200, n)
+    groups = rng.integers(0, 3, n)
+
+    def run(det: BankCusum, lo: int, hi: int) -> list[tuple[float, ...]]:
+        out = []
+        for t in range(lo, hi):
+            rows = np.flatnonzero(born <= t)
+            rows = rows[rng_waves.permutation(rows.size)]
+            hits = det.update(rows, np.full(rows.size, WINDOW * t), x[t, rows], groups[rows])
+            out += list(zip(hits.rows.tolist(), hits.cols.tolist(), hits.onset_ts.tolist(),
+                            hits.after.tolist(), strict=True))  # fmt: skip
+        return out
+
+    rng_waves = np.random.default_rng(seed + 1)
+    det = BankCusum(k, warm_start=40, capacity=4)
+    run(det, 0, cut)
+    twin = restore_detector(det.snapshot())
+    assert isinstance(twin, BankCusum)
+    state = rng_waves.bit_generator.state
+    a = run(det, cut, t_len)
+    rng_waves.bit_generator.state = state
+    b = run(twin, cut, t_len)
+    assert a == b
+    assert det.snapshot() == twin.snapshot()
+    used = det._rows_in_use() * k
+    for name in ("mu", "sig", "phi", "c0", "c1", "c2", "lv"):
+        assert np.isfinite(det._s[name][:used]).all(), name
+    assert (det._s["na"][:used] >= det._s["ns"][:used]).all()
