@@ -153,7 +153,9 @@ class BankCusum:
         "n": np.int32,  # samples since (re)start: burn-in and youth
         "nb": np.int32,  # samples in the level estimate (saturating)
         "ns": np.int32,  # samples in the scale estimate (kept on re-baseline; 0 = fresh)
-        "na": np.int32,  # samples behind the AR and long-run variance estimates (ns + credit)
+        # Samples behind the AR and long-run variance estimates: ns plus a warm start's
+        # credit. Until a cell borrows (`_split`), na is ns and this array is not kept.
+        "na": np.int32,
         "fam": np.int32,  # family (the caller's group id + 1; 0 = unknown): warm-start donors
         "pos": np.int32,  # next ring slot
         "mu": np.float64,  # baseline level
@@ -261,6 +263,9 @@ class BankCusum:
         self.ma_max = float(ma_max)
         self.warm_start = int(warm_start)
         self._fam_in: tuple[I64, I64] | None = None  # this wave's (rows, groups), if given
+        # Whether any cell's AR count differs from its scale count (a warm start borrowed):
+        # until then the hot path reads and updates one count, as before warm starts.
+        self._split = False
         self._ma_rmax = self.ma_max / (1.0 + self.ma_max**2)  # lag-1 |rho| of w at ma_max
         if self.n_shifts == 1:
             self.shifts = np.array([self.min_shift])
@@ -330,6 +335,10 @@ class BankCusum:
         out, self._stats = self._stats, dict.fromkeys(ALARM_OUTCOMES, 0)
         return out
 
+    def ar_counts(self) -> npt.NDArray[np.int32]:
+        """Per cell, the samples behind the AR estimates (own plus a warm start's credit)."""
+        return self._s["na"] if self._split else self._s["ns"]
+
     def drain_warm_starts(self) -> dict[str, int]:
         """Streams started since the last call, by `WARM_OUTCOMES`; the counts restart."""
         out, self._warm_stats = self._warm_stats, dict.fromkeys(WARM_OUTCOMES, 0)
@@ -392,6 +401,8 @@ class BankCusum:
         """State arrays for the first `rows` rows (all allocated rows by default)."""
         cells = (self._cap if rows is None else rows) * self.n_metrics
         arrays: dict[str, np.ndarray] = {name: a[:cells] for name, a in self._s.items()}
+        if not self._split:
+            arrays["na"] = arrays["ns"]  # the AR count is the scale's (not kept apart yet)
         arrays.update(
             bank=self._bank[:, :cells],
             run=self._run[:, :cells],
@@ -436,6 +447,7 @@ class BankCusum:
         if "na" not in arrays:
             # Before warm starts one count served the scale and the AR estimates alike.
             det._s["na"] = det._s["ns"].copy()
+        det._split = not np.array_equal(det._s["na"], det._s["ns"])
         if params is not None:
             # Shorter windows than the checkpoint's: the counts saturate at the new ones
             # (the per-count tables end there).
@@ -657,13 +669,16 @@ class BankCusum:
         mu, sig, phi = _get(s["mu"], sel), _get(s["sig"], sel), _get(s["phi"], sel)
         dprev, lprev = _get(s["dprev"], sel), _get(s["lprev"], sel)
         c2, lprev2 = _get(s["c2"], sel), _get(s["lprev2"], sel)
-        c0, c1, nb, ns, na = (
+        c0, c1, nb, ns = (
             _get(s["c0"], sel),
             _get(s["c1"], sel),
             _get(s["nb"], sel),
             _get(s["ns"], sel),
-            _get(s["na"], sel),
         )
+        split = self._split
+        na = _get(s["na"], sel) if split else ns  # the same array until a cell borrows
+        ns_min = int(ns.min())
+        na_min = int(na.min()) if split else ns_min
 
         # Front-end: AR(1)-whitened, clipped innovation in sigma units.
         dz64 = x - mu
@@ -728,7 +743,7 @@ class BankCusum:
             # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
             # Deflate z by the innovations' long-run variance ratio, less its noise.
             f = _get(s["lv"], sel) * np.float32(self._lrv_unit)
-            if int(na.min()) >= self._ns_max:
+            if na_min >= self._ns_max:
                 padl: F32 | np.float32 = self._lrv_pad32[self.ar_window]
             else:
                 padl = np.take(self._ns_pad_lrv32, na.astype(np.intp), mode="wrap")
@@ -836,7 +851,6 @@ class BankCusum:
         # Two counts: ns for the scale, na for the AR and long-run variance estimates
         # (na runs ahead of ns in a cell that started from its family's estimates).
         ns_max = self._ns_max
-        ns_min, na_min = int(ns.min()), int(na.min())
         ar_sat = na_min >= ns_max
         sat = ns_min >= ns_max and ar_sat
         ns_sat = all_w and sat
@@ -847,8 +861,6 @@ class BankCusum:
             # Saturated but for absent cells: the same weights as below, without lookups.
             if int(ns.max()) > ns_max:
                 s["ns"][sel] = ns_max
-            if int(na.max()) > ns_max:
-                s["na"][sel] = ns_max
             inv32: F32 | np.float32 = self._inv_n32[self.ar_window]
             pad: F32 | np.float32 = self._ar_pad32[self.ar_window]
             a_p = w * inv32
@@ -856,16 +868,20 @@ class BankCusum:
         else:
             np.add(ns, w, out=ns)
             np.minimum(ns, ns_max, out=ns)
-            np.add(na, w, out=na)
-            np.minimum(na, ns_max, out=na)
+            if split:
+                np.add(na, w, out=na)
+                np.minimum(na, ns_max, out=na)
             if not dense:
-                s["ns"][sel], s["na"][sel] = ns, na
+                s["ns"][sel] = ns
+                if split:
+                    s["na"][sel] = na
             nai = na.astype(np.intp)
             inv32 = np.take(self._ns_inv_ar32, nai, mode="wrap")  # 1 / min(na, ar_window)
             pad = np.take(self._ns_pad_ar32, nai, mode="wrap")
             a_p = inv32 if all_w else inv32 * w
             sw, aw = self.scale_window, self.ar_window
-            if (sw == aw or int(ns.max()) <= min(sw, aw)) and bool(np.array_equal(ns, na)):
+            same = not split or bool(np.array_equal(ns, na))
+            if (sw == aw or int(ns.max()) <= min(sw, aw)) and same:
                 a_s = a_p  # min(ns, scale_window) == min(na, ar_window): the same weights
             else:
                 a_s = np.take(self._ns_inv_scale32, ns.astype(np.intp), mode="wrap")
@@ -1307,6 +1323,9 @@ class BankCusum:
             # samples: the cell whitens like a mature one from its first active window, and
             # its own samples take over at the AR window's pace.
             to, src = cells[warm], donor[warm]
+            if not self._split:
+                s["na"][...] = s["ns"]  # from here on the two counts are kept apart
+                self._split = True
             for name in ("phi", "c0", "c1", "c2", "lv", "theta"):
                 s[name][to] = s[name][src]
             s["na"][to] = np.maximum(s["na"][to], min(self.warm_start, self._ns_max))

@@ -206,7 +206,7 @@ def test_new_devices_start_from_their_pools_noise_model() -> None:
         cells = (np.array(rows)[:, None] * k + np.arange(k)).ravel()
         s = det._s
         assert len(st.table.devices) == 12
-        return int((s["na"][cells] > s["ns"][cells]).sum()), cells.size, p
+        return int((det.ar_counts()[cells] > s["ns"][cells]).sum()), cells.size, p
 
     warm, cells, p = joiners_warm({"warm_start": 48})
     assert warm >= cells // 4  # the metrics with a spread to learn from

@@ -1109,12 +1109,12 @@ def test_warm_start_gives_joiners_their_familys_ar_estimates() -> None:
     _family_then_joiners(det, 0.6, 0.6)
     s = det._s
     joiners = np.arange(40, 60)
-    warm = joiners[s["na"][joiners] > s["ns"][joiners]]
+    warm = joiners[det.ar_counts()[joiners] > s["ns"][joiners]]
     assert warm.size >= 10  # most agree with their family within the gate
     # Their 32 burn-in samples for the scale, the credit for the AR estimates (the counts
     # move again once samples leave the lagged ring, 32 windows after burn-in).
     assert (s["ns"][warm] == 32).all()
-    assert (s["na"][warm] == 128).all()
+    assert (det.ar_counts()[warm] == 128).all()
     family_phi = np.sort(s["phi"][:40])
     assert family_phi[9] <= s["phi"][warm].min()  # the upper quartile, not the bottom
     assert abs(float(np.median(s["phi"][warm])) - float(np.median(family_phi))) < 0.1
@@ -1126,7 +1126,7 @@ def test_warm_start_gives_joiners_their_familys_ar_estimates() -> None:
     # Cold joiners keep the wide margin of 32 samples: a phi well above the family's.
     cold = BankCusum(1, capacity=64)
     _family_then_joiners(cold, 0.6, 0.6)
-    assert (cold._s["na"] == cold._s["ns"]).all()
+    assert not cold._split  # no cell ever borrowed: one count serves scale and AR
     assert float(np.median(cold._s["phi"][joiners])) > float(np.median(s["phi"][warm])) + 0.05
 
 
@@ -1144,7 +1144,8 @@ def test_warm_start_needs_groups_donors_and_agreement() -> None:
         _family_then_joiners(det, joiner, family, **kw)  # type: ignore[arg-type]
         s, n_old = det._s, int(kw.get("n_old", 40))
         joiners = np.arange(n_old, n_old + 20)
-        assert (s["na"][joiners] == s["ns"][joiners]).all(), (kw, joiner, family)
+        assert det.drain_warm_starts()["borrowed"] == 0, (kw, joiner, family)
+        assert (det.ar_counts()[joiners] == s["ns"][joiners]).all(), (kw, joiner, family)
 
 
 def test_warm_started_joiners_of_a_slow_family_page_less() -> None:
@@ -1182,7 +1183,7 @@ def test_restore_accepts_a_checkpoint_from_before_warm_starts() -> None:
     del arrays["na"], arrays["fam"]
     del params["warm_start"]
     old = BankCusum.restore(_blob.pack("bank", params, arrays))
-    np.testing.assert_array_equal(old._s["na"], det._s["ns"][:5])
+    np.testing.assert_array_equal(old.ar_counts(), det._s["ns"][:5])
     later = 10.0 + rng.standard_normal((100, 5, 1))
     later[50:, :2] += 4.0
     a, b = feed(det, later, t0=3000.0), feed(old, later, t0=3000.0)
@@ -1241,4 +1242,4 @@ def test_warm_started_detector_round_trips_and_stays_finite(seed: int, cut: int,
     used = det._rows_in_use() * k
     for name in ("mu", "sig", "phi", "c0", "c1", "c2", "lv"):
         assert np.isfinite(det._s[name][:used]).all(), name
-    assert (det._s["na"][:used] >= det._s["ns"][:used]).all()
+    assert (det.ar_counts()[:used] >= det._s["ns"][:used]).all()
