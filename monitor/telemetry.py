@@ -132,7 +132,8 @@ class DaemonCollector(Collector):
             "flopwatch_detector_warm_starts_total",
             "Streams that finished burn-in under detector.params.warm_start, by stream kind "
             "and outcome: borrowed (their family's AR estimates), own (they disagreed with "
-            "their family) or no_donor (too few mature streams in their family).",
+            "their family), no_donor (too few mature streams in their family) or withdrawn "
+            "(borrowers whose own samples later showed them more persistent).",
             labels=["stream", "outcome"],
         )
         for (stream, outcome), n in sorted(p.warm_counts.items()):

@@ -94,7 +94,9 @@ ALARM_OUTCOMES = ("reported", "vetoed", "below_min_change")
 # How streams that finished burn-in with families given (and `warm_start` on) started: from
 # a family member's estimates, on their own because they disagreed with the family, or on
 # their own for want of mature family members.
-WARM_OUTCOMES = ("borrowed", "own", "no_donor")
+# `withdrawn`: a stream that borrowed and whose own samples later showed it more persistent
+# than the estimates it borrowed (it then goes on from its own).
+WARM_OUTCOMES = ("borrowed", "own", "no_donor", "withdrawn")
 # Warm starts: a new stream's AR estimates come from the phi at this quantile of at
 # least this many mature streams of its family and column.
 _WARM_QUANTILE = 0.75
@@ -103,6 +105,10 @@ _WARM_MIN_DONORS = 4
 # above the family's (it would be under-whitened: pages) or below it (over-whitened: slow).
 _WARM_ABOVE = 0.5
 _FAM_MAX = (1 << 31) - 1  # families are stored as id + 1 in int32
+# While a cell's own samples are fewer than its credit, each fresh ring (every `history`
+# samples) is checked: a lag-1 autocorrelation this many standard errors above the phi
+# in use means the borrowed estimates under-whiten it, and they are dropped.
+_WARM_WITHDRAW = 3.0
 _WARM_BELOW = 2.0
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
@@ -266,6 +272,7 @@ class BankCusum:
         # Whether any cell's AR count differs from its scale count (a warm start borrowed):
         # until then the hot path reads and updates one count, as before warm starts.
         self._split = False
+        self._credit = np.empty(0, dtype=np.int64)  # cells on borrowed AR estimates
         self._ma_rmax = self.ma_max / (1.0 + self.ma_max**2)  # lag-1 |rho| of w at ma_max
         if self.n_shifts == 1:
             self.shifts = np.array([self.min_shift])
@@ -448,6 +455,9 @@ class BankCusum:
             # Before warm starts one count served the scale and the AR estimates alike.
             det._s["na"] = det._s["ns"].copy()
         det._split = not np.array_equal(det._s["na"], det._s["ns"])
+        if det._split:
+            na, ns = det._s["na"], det._s["ns"]
+            det._credit = np.flatnonzero((na > ns) & (ns < min(det.warm_start, det._ns_max)))
         if params is not None:
             # Shorter windows than the checkpoint's: the counts saturate at the new ones
             # (the per-count tables end there).
@@ -512,10 +522,14 @@ class BankCusum:
                 raise ValueError(f"groups must be one id in [0, {_FAM_MAX}) per row")
             self._fam_in = (rows, fam)
             try:
-                return self._update(rows, ts, values)
+                out = self._update(rows, ts, values)
             finally:
                 self._fam_in = None
-        return self._update(rows, ts, values)
+        else:
+            out = self._update(rows, ts, values)
+        if self._credit.size:
+            self._review_credit()
+        return out
 
     def _update(self, rows: I64, ts: F64, values: F64) -> Detections:
         n = rows.size
@@ -1326,9 +1340,63 @@ class BankCusum:
             if not self._split:
                 s["na"][...] = s["ns"]  # from here on the two counts are kept apart
                 self._split = True
+            self._credit = np.union1d(self._credit, to)
             for name in ("phi", "c0", "c1", "c2", "lv", "theta"):
                 s[name][to] = s[name][src]
             s["na"][to] = np.maximum(s["na"][to], min(self.warm_start, self._ns_max))
+
+    def _review_credit(self) -> None:
+        """Drop borrowed AR estimates from cells whose own fresh ring says they under-whiten.
+
+        A joiner that looked like its family in 32 burn-in samples may still be more
+        persistent (an AR(1) stream in a white family, one time in a few hundred): whitened
+        with the family's phi it pages until its own samples outweigh the credit. So each
+        time its ring has filled with new samples, its lag-1 autocorrelation there is set
+        against the phi in use; well above it, the cell starts over from the ring's own
+        estimates (their wide margin, its long-run variance afresh, its bank at zero).
+        """
+        s, credit = self._s, min(self.warm_start, self._ns_max)
+        c = self._credit
+        c = c[(s["na"][c] > s["ns"][c]) & (s["ns"][c] < credit)]  # forgotten, or own by now
+        self._credit = c
+        age = s["n"][c].astype(np.int64) - self.burn_in
+        due = c[(age > 0) & (age % self.history == 0)]
+        if due.size == 0:
+            return
+        vals, _ = self._chrono(due)
+        fin = np.isfinite(vals)
+        # Around the ring's own median, as at burn-in: a shift building up in the ring would
+        # read as persistence around the old level.
+        seen = np.asarray(fin.any(axis=1))
+        mid = np.nanmedian(np.where(seen[:, None], vals, 0.0), axis=1)
+        d = np.clip((vals - mid[:, None]) / s["sig"][due, None], -self._dclip, self._dclip)
+        d = np.where(fin, d, 0.0)
+        cnt = fin.sum(axis=1).astype(np.float64)
+        lag0 = (d * d).sum(axis=1)
+        lag1 = (d[:, 1:] * d[:, :-1]).sum(axis=1)
+        lag2 = (d[:, 2:] * d[:, :-2]).sum(axis=1)
+        est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
+        n = np.maximum(cnt, 1.0)
+        est_bc = est + (1.0 + 3.0 * est) / n
+        bad = (cnt >= _SPREAD_MIN_PAIRS) & (est_bc > s["phi"][due] + _WARM_WITHDRAW / np.sqrt(n))
+        if not bad.any():
+            return
+        cells, n_b = due[bad], n[bad]
+        s["c0"][cells] = lag0[bad] / n_b
+        s["c1"][cells] = lag1[bad] / n_b
+        s["c2"][cells] = lag2[bad] / n_b
+        e = est[bad]
+        s["phi"][cells] = np.clip(
+            e + (1.0 + 3.0 * e) / n_b + self.ar_margin / np.sqrt(n_b), 0.0, self.ar_max
+        )
+        s["na"][cells] = n_b.astype(np.int32)
+        s["theta"][cells] = 0.0
+        s["lm"][cells] = 0.0
+        s["lv"][cells] = 1.0 / self._lrv_unit if self.lrv_window > 0 else 0.0
+        self._bank[:, cells] = 0.0  # evidence gathered under the wrong whitening
+        self._run[:, cells] = 0.0
+        self._credit = np.setdiff1d(self._credit, cells)
+        self._warm_stats["withdrawn"] += int(cells.size)
 
     def _donors(self, cells: I64, est: F64, count: F64) -> I64:
         """For each never-baselined cell, a mature cell of its family and column whose phi
