@@ -3,7 +3,12 @@
 Per (stream, metric) cell, vectorised over all cells of a wave:
 
 1. **Burn-in.** The first `burn_in` samples give a median level, an AR(1)
-   coefficient and a Huber (proposal 2) scale of the AR innovations.
+   coefficient and a Huber (proposal 2) scale of the AR innovations. With
+   `warm_start` and families given, a stream whose burn-in agrees with its
+   family's instead borrows a mature family member's AR and long-run variance
+   estimates, credited as `warm_start` samples; each fresh ring while the credit
+   outweighs its own samples is reviewed, and a borrower that proves more
+   persistent drops them (`_donors`, `_review_credit`).
 2. **Front-end.** Each sample becomes a standardised innovation
    ``z = (d - phi * d_prev) / sigma`` with ``d = x - level``, clipped at
    ±`clip`. Where d or d_prev lies beyond ``clip * (1 + ar_max)`` sigmas,
