@@ -13,7 +13,7 @@ friends, that the detectors watch.)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,6 +37,16 @@ _OUTCOMES = (("accepted", "records_in"), ("duplicate", "records_duplicate"),
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _by_stream_outcome(
+    name: str, doc: str, counts: Mapping[tuple[str, str], int]
+) -> CounterMetricFamily:
+    """A counter labelled by stream kind and outcome, from (stream, outcome) counts."""
+    family = CounterMetricFamily(name, doc, labels=["stream", "outcome"])
+    for (stream, outcome), n in sorted(counts.items()):
+        family.add_metric([stream, outcome], n)
+    return family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -118,27 +128,21 @@ class DaemonCollector(Collector):
         for (stream, metric, material), n in sorted(p.point_counts.items()):
             points.add_metric([stream, metric, "true" if material else "false"], n)
         yield points
-        alarms = CounterMetricFamily(
+        yield _by_stream_outcome(
             "flopwatch_detector_alarms_total",
             "Detector alarms by stream kind and outcome: reported (a change point), vetoed "
             "(a burst of spread, not a level shift) or below_min_change (re-baselined "
             "silently under detector.params.min_rel_change).",
-            labels=["stream", "outcome"],
+            p.alarm_counts,
         )
-        for (stream, outcome), n in sorted(p.alarm_counts.items()):
-            alarms.add_metric([stream, outcome], n)
-        yield alarms
-        warm = CounterMetricFamily(
+        yield _by_stream_outcome(
             "flopwatch_detector_warm_starts_total",
             "Streams that finished burn-in under detector.params.warm_start, by stream kind "
             "and outcome: borrowed (their family's AR estimates), own (they disagreed with "
             "their family), no_donor (too few mature streams in their family) or withdrawn "
             "(borrowers whose own samples later showed them more persistent).",
-            labels=["stream", "outcome"],
+            p.warm_counts,
         )
-        for (stream, outcome), n in sorted(p.warm_counts.items()):
-            warm.add_metric([stream, outcome], n)
-        yield warm
         restores = CounterMetricFamily(
             "flopwatch_detector_restores_total",
             "Detectors restored from a checkpoint, by outcome: kept (written with the "
