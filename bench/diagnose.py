@@ -77,7 +77,6 @@ class LateJoinSource(SimulatorSource):
     def __init__(self, *args: Any, every: int, join_at: int, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.every, self.join_at = every, join_at
-        self.held = 0  # records held back
 
     async def batches(self) -> AsyncIterator[list[RawMessage]]:
         """The batches, less the late devices' records before they join."""
@@ -90,7 +89,6 @@ class LateJoinSource(SimulatorSource):
             kept = batch
             if w < self.join_at:
                 kept = [m for m in batch if m.topic != self.topics.samples or m.key not in late]
-                self.held += len(batch) - len(kept)
             w += 1
             yield kept
 

@@ -367,16 +367,13 @@ class Pipeline:
                     continue
                 levels = det if scale is None else _rescale(det, rows[wave], scale)
                 found.extend(self._points(st.table, levels, det, view.partition, kind))
-            drain = getattr(detector, "drain_stats", None)
-            if drain is not None:
-                for outcome, n in drain().items():
-                    if n:
-                        self.alarm_counts[kind, outcome] += n
-            drain_warm = getattr(detector, "drain_warm_starts", None)
-            if drain_warm is not None:
-                for outcome, n in drain_warm().items():
-                    if n:
-                        self.warm_counts[kind, outcome] += n
+            for method, counts in (("drain_stats", self.alarm_counts),
+                                   ("drain_warm_starts", self.warm_counts)):  # fmt: skip
+                drain = getattr(detector, method, None)
+                if drain is not None:
+                    for outcome, n in drain().items():
+                        if n:
+                            counts[kind, outcome] += n
         if frame.kernel_changes:
             self.point_counts["layer", "kernel", True] += len(frame.kernel_changes)
         for row, k_ts, _old, _new in frame.kernel_changes:

@@ -109,12 +109,12 @@ _WARM_MIN_DONORS = 4
 # ... unless the cell's own burn-in estimate lies more than this many standard errors
 # above the family's (it would be under-whitened: pages) or below it (over-whitened: slow).
 _WARM_ABOVE = 0.5
+_WARM_BELOW = 2.0
 _FAM_MAX = (1 << 31) - 1  # families are stored as id + 1 in int32
 # While a cell's own samples are fewer than its credit, each fresh ring (every `history`
 # samples) is checked: a lag-1 autocorrelation this many standard errors above the phi
 # in use means the borrowed estimates under-whiten it, and they are dropped.
 _WARM_WITHDRAW = 3.0
-_WARM_BELOW = 2.0
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
 # The time ring holds float32 seconds since the detector's epoch (half the bytes of
@@ -129,6 +129,11 @@ def clipped_second_moment(c: float) -> float:
     tail = math.erfc(c / math.sqrt(2.0))  # P(|Z| > c)
     pdf = math.exp(-0.5 * c * c) / math.sqrt(2.0 * math.pi)
     return (1.0 - tail) - 2.0 * c * pdf + c * c * tail
+
+
+def _unbiased_lag1(est: F64, count: F64) -> F64:
+    """A lag-1 autocorrelation from `count` samples, less its small-sample bias."""
+    return est + (1.0 + 3.0 * est) / count
 
 
 def _get(arr: np.ndarray, sel: slice | I64) -> np.ndarray:
@@ -1309,10 +1314,9 @@ class BankCusum:
         lag1 = np.where(both, dc[:, 1:] * dc[:, :-1], 0.0).sum(axis=1)
         lag0 = np.where(fin, dc * dc, 0.0).sum(axis=1)
         est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
-        phi = np.clip(
-            est + (1.0 + 3.0 * est) / count + self.ar_margin / np.sqrt(count), 0.0, self.ar_max
-        )
-        donor = self._donors(cells, est + (1.0 + 3.0 * est) / count, count)
+        est_bc = _unbiased_lag1(est, count)
+        phi = self._phi_bound(est_bc, count)
+        donor = self._donors(cells, est_bc, count)
         warm = donor >= 0
         if warm.any():
             # Whiten with the family's phi, so the scale is that of the innovations the
@@ -1350,6 +1354,11 @@ class BankCusum:
                 s[name][to] = s[name][src]
             s["na"][to] = np.maximum(s["na"][to], min(self.warm_start, self._ns_max))
 
+    def _phi_bound(self, est_bc: F64, count: F64) -> F64:
+        """The AR coefficient in use from a bias-corrected lag-1 estimate on `count` samples:
+        its upper confidence bound (under-whitening pages), within [0, ar_max]."""
+        return np.clip(est_bc + self.ar_margin / np.sqrt(count), 0.0, self.ar_max)
+
     def _review_credit(self) -> None:
         """Drop borrowed AR estimates from cells whose own fresh ring says they under-whiten.
 
@@ -1382,7 +1391,7 @@ class BankCusum:
         lag2 = (d[:, 2:] * d[:, :-2]).sum(axis=1)
         est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
         n = np.maximum(cnt, 1.0)
-        est_bc = est + (1.0 + 3.0 * est) / n
+        est_bc = _unbiased_lag1(est, n)
         bad = (cnt >= _SPREAD_MIN_PAIRS) & (est_bc > s["phi"][due] + _WARM_WITHDRAW / np.sqrt(n))
         if not bad.any():
             return
@@ -1390,10 +1399,7 @@ class BankCusum:
         s["c0"][cells] = lag0[bad] / n_b
         s["c1"][cells] = lag1[bad] / n_b
         s["c2"][cells] = lag2[bad] / n_b
-        e = est[bad]
-        s["phi"][cells] = np.clip(
-            e + (1.0 + 3.0 * e) / n_b + self.ar_margin / np.sqrt(n_b), 0.0, self.ar_max
-        )
+        s["phi"][cells] = self._phi_bound(est_bc[bad], n_b)
         s["na"][cells] = n_b.astype(np.int32)
         s["theta"][cells] = 0.0
         s["lm"][cells] = 0.0
@@ -1429,8 +1435,8 @@ class BankCusum:
         # Only the families of the cells starting now (a table lookup, no sort of the
         # whole detector); own samples (the scale's count), not credited ones: a
         # warm-started cell lends nothing until its estimates rest on its own data.
-        wanted = np.unique(s["fam"][cells])
-        mature = np.flatnonzero(np.isin(fam, wanted[wanted > 0]) & (s["ns"][:used] >= credit))
+        wanted = np.unique(s["fam"][cells])  # labelled just above: ids + 1, never 0
+        mature = np.flatnonzero(np.isin(fam, wanted) & (s["ns"][:used] >= credit))
         if mature.size < _WARM_MIN_DONORS:
             self._warm_stats["no_donor"] += cells.size
             return out
@@ -1443,7 +1449,7 @@ class BankCusum:
         lo = np.searchsorted(key, want, side="left")
         hi = np.searchsorted(key, want, side="right")
         size = hi - lo
-        ok = (size >= _WARM_MIN_DONORS) & (s["fam"][cells] > 0)
+        ok = size >= _WARM_MIN_DONORS
         pick = lo + np.floor(_WARM_QUANTILE * (size - 1)).astype(np.int64)
         got = mature[np.minimum(pick, mature.size - 1)]
         ref = s["c1"][got] / np.maximum(s["c0"][got], _EPS32)  # the donor's own estimate
