@@ -125,6 +125,14 @@ class Incident:
     # Offered-load shifts (LOAD_METRICS) of the pool around the onset: context, not evidence.
     # An incident from an older checkpoint lacks it (`Correlator.fill_missing_fields`).
     load: list[ChangePoint] = field(default_factory=list)
+    # The most devices its (pool, model) had while it was open. A model rollout moves the
+    # pool's devices to the new model, and judged against the old model's count (then 0),
+    # three noisy devices would confirm it and weigh as the whole pool.
+    pool_size: int = 0
+
+    def pool_devices(self, counts: Mapping[tuple[str | None, str | None], int]) -> int:
+        """Devices of its (pool, model) to judge it against: now, or the most seen while open."""
+        return max(counts.get((self.pool, self.model), 0), self.pool_size)
 
     @property
     def onset_ts(self) -> float:
@@ -367,6 +375,9 @@ class Correlator:
                 inc.evidence.append(e)
                 touched[id(inc)] = inc
             self._recent.append(e)
+        for inc in self.incidents:
+            if inc.status == "open":
+                inc.pool_size = max(inc.pool_size, sizes.get((inc.pool, inc.model), 0))
         horizon = now_ts - 2 * self.group_window_s
         self._recent = [e for e in self._recent if e.detected_ts >= horizon]
         return list(touched.values())

@@ -56,7 +56,7 @@ class AlertLifecycle:
         sure_at: dict[int, float] = {}
         for inc in incidents:
             if inc.status == "open" and inc.alert_id is None:
-                n_pool = pool_devices.get((inc.pool, inc.model), 0)
+                n_pool = inc.pool_devices(pool_devices)
                 sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
                 if sure is not None:
                     sure_at[id(inc)] = sure
@@ -66,7 +66,7 @@ class AlertLifecycle:
                 continue
             fleet = bool(inc.children)
             view = inc.merged() if fleet else inc
-            n_pool = sum(pool_devices.get((m.pool, m.model), 0) for m in (inc, *inc.children))
+            n_pool = sum(m.pool_devices(pool_devices) for m in (inc, *inc.children))
             level = "fleet" if fleet else inc.scope_level(n_pool, self.s.pool_fraction)
             n = len(view.devices)
             first = inc.alert_id is None
@@ -160,7 +160,7 @@ class AlertLifecycle:
                     for member in (inc, *inc.children):
                         member.status = "resolved"
                         member.last_ts = t
-                    n = n_pool.get((inc.pool, inc.model), 0)
+                    n = sum(m.pool_devices(n_pool) for m in (inc, *inc.children))
                     if inc.children:
                         out.append(self.render(inc.merged(), t, n, "resolved", level="fleet"))
                     else:

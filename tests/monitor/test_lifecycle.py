@@ -1,0 +1,78 @@
+"""Alert lifecycle: which pool size an open incident is confirmed and weighed against."""
+
+from __future__ import annotations
+
+import pickle
+
+from monitor.advisor import Advisor
+from monitor.config import AlertSettings
+from monitor.correlator import ChangePoint, Correlator
+from monitor.lifecycle import AlertLifecycle
+from monitor.metrics import STAGE_OF
+
+T0, W = 1_000_000.0, 10.0
+POOL, OLD, NEW = "serve-a", "llama-8b@v3", "llama-8b@v4"
+
+
+def _mfu_drop(device: str) -> ChangePoint:
+    """MLP MFU -5.5% on one device of the old model."""
+    return ChangePoint(
+        device=device, host=device.split("/", maxsplit=1)[0], pool=POOL, model=OLD,
+        layer="mlp", metric="mfu", stage=STAGE_OF["mfu"], onset_ts=T0, detected_ts=T0 + 2 * W,
+        before=0.68, after=0.6426, score=1.1, window_s=W,
+    )  # fmt: skip
+
+
+def _three_devices_then(counts_after: dict[tuple[str | None, str | None], int]):
+    """Three scattered devices of a 168-device pool regress; the next wave has these counts."""
+    corr = Correlator()
+    corr.add(
+        [_mfu_drop(f"node-{i:03d}/gpu0") for i in (19, 20, 23)], T0 + 3 * W, {(POOL, OLD): 168}
+    )
+    corr.add([], T0 + 4 * W, counts_after)
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    return corr, life.due(corr.incidents, T0 + 4 * W, counts_after)
+
+
+def test_three_scattered_devices_of_a_large_pool_do_not_alert() -> None:
+    _, alerts = _three_devices_then({(POOL, OLD): 168})
+    assert alerts == []
+
+
+def test_a_model_rollout_does_not_shrink_the_pool_an_open_incident_is_judged_against() -> None:
+    """Every device reports the new model after the rollout, so the old (pool, model) has
+    none: judged against 0 devices, three noisy ones confirmed it at the whole pool's weight
+    (a ticket in `deploy_without_regression`, seed 7)."""
+    corr, alerts = _three_devices_then({(POOL, NEW): 168})
+    assert alerts == []
+    (inc,) = corr.incidents
+    assert inc.pool_size == 168
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    alert = life.render(inc, T0 + 4 * W, inc.pool_devices({(POOL, NEW): 168}), "firing")
+    assert alert.severity == "info"
+
+
+def test_a_pool_that_small_still_alerts() -> None:
+    """The same three devices are the whole of a three-device pool: confirmed, and weighed
+    as all of it."""
+    corr = Correlator()
+    pts = [_mfu_drop(f"node-{i:03d}/gpu0") for i in (19, 20, 23)]
+    corr.add(pts, T0 + 3 * W, {(POOL, OLD): 3})
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    (alert,) = life.due(corr.incidents, T0 + 4 * W, {(POOL, OLD): 3})
+    assert alert.severity == "ticket"
+    assert alert.scope.device_count == 3
+
+
+def test_incidents_from_a_checkpoint_before_the_pool_size_restore() -> None:
+    """An incident pickled before `pool_size` existed restores judged on today's counts."""
+    corr, _ = _three_devices_then({(POOL, OLD): 168})
+    (inc,) = corr.incidents
+    del inc.pool_size  # what an incident pickled by the older code lacks
+    restored = pickle.loads(pickle.dumps(corr))  # noqa: S301 - our own bytes
+    restored.fill_missing_fields()
+    (back,) = restored.incidents
+    assert back.pool_size == 0
+    assert back.pool_devices({(POOL, OLD): 168}) == 168
+    restored.add([], T0 + 5 * W, {(POOL, OLD): 160})
+    assert back.pool_size == 160
