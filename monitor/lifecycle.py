@@ -37,6 +37,14 @@ def fingerprint(*parts: object) -> str:
     return "fw-" + h[:12]
 
 
+# A rollout that hurts every pool at once shows on all of them within a minute (at 10 s
+# windows). The grouping window (5 minutes) is for one pool's devices; across pools it let
+# a host's sync contention on one pool join another pool's MFU drop 30 windows earlier, and
+# the fleet alert then hid the host incident (`fleet_day`, seed 6). A rollout staged pool by
+# pool pages per pool, each with its own change to roll back.
+FLEET_ONSET_WINDOWS = 6
+
+
 class AlertLifecycle:
     """Decides when incidents emit alert records and renders them (contract §5)."""
 
@@ -118,7 +126,7 @@ class AlertLifecycle:
                     and other.alert_id is None
                     and other.pool not in inc.pools
                     and (other.primary_metric, other.layers[:1]) == key
-                    and abs(other.onset_ts - inc.onset_ts) <= self.s.group_window_s
+                    and abs(other.onset_ts - inc.onset_ts) <= FLEET_ONSET_WINDOWS * inc.window_s
                 ):
                     other.parent = inc
                     inc.children.append(other)

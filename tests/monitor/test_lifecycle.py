@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
+
 from monitor.advisor import Advisor
 from monitor.config import AlertSettings
 from monitor.correlator import ChangePoint, Correlator
@@ -76,3 +78,59 @@ def test_incidents_from_a_checkpoint_before_the_pool_size_restore() -> None:
     assert back.pool_devices({(POOL, OLD): 168}) == 168
     restored.add([], T0 + 5 * W, {(POOL, OLD): 160})
     assert back.pool_size == 160
+
+
+def _pool_drop(pool: str, onset: float, hosts: range) -> list[ChangePoint]:
+    """Device MFU -18% on every device of `hosts` (8 devices each) in `pool`."""
+    return [
+        ChangePoint(
+            device=f"{pool}-{h}/gpu{g}",
+            host=f"{pool}-{h}",
+            pool=pool,
+            model="m@v1",
+            layer=None,
+            metric="device_mfu",
+            stage=STAGE_OF["device_mfu"],
+            onset_ts=onset,
+            detected_ts=onset + 3 * W,
+            before=0.5,
+            after=0.41,
+            score=1.2,
+            window_s=W,
+        )
+        for h in hosts
+        for g in range(8)
+    ]
+
+
+def _alerts_for_onsets(gap_windows: int) -> list:
+    """A pool-wide drop on pool a, and one host of pool b dropping `gap_windows` later."""
+    counts = {("a", "m@v1"): 16, ("b", "m@v1"): 112}
+    corr = Correlator()
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    out = []
+    t_b = T0 + gap_windows * W
+    for now in np.arange(T0 + 3 * W, t_b + 12 * W, W):
+        pts = [p for p in _pool_drop("a", T0, range(2)) + _pool_drop("b", t_b, range(1))
+               if p.detected_ts == now]  # fmt: skip
+        corr.add(pts, float(now), counts)
+        live = [i for i in corr.incidents if i.status == "open"]
+        out += life.due(live, float(now), counts, {"a-0": 8, "a-1": 8, "b-0": 8})
+    return out
+
+
+def test_incidents_on_two_pools_at_once_are_one_fleet_alert() -> None:
+    alerts = _alerts_for_onsets(1)
+    assert {a.id for a in alerts} == {alerts[0].id}
+    assert alerts[-1].scope.level == "fleet"
+    assert alerts[-1].scope.device_count == 24
+
+
+def test_a_host_incident_minutes_later_on_another_pool_keeps_its_own_alert() -> None:
+    """30 windows apart is not one rollout: pool b's host incident pages on its own, not
+    hidden as a child of pool a's alert (`fleet_day`, seed 6, missed it that way)."""
+    alerts = _alerts_for_onsets(30)
+    by_pool = {a.scope.pool: a for a in alerts}
+    assert set(by_pool) == {"a", "b"}
+    assert by_pool["b"].scope.level == "host"
+    assert all(a.scope.level != "fleet" for a in alerts)
