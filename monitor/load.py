@@ -8,7 +8,8 @@ under burst load still moves the ratio during bursts, so it is still caught.
 Columns that are not load-driven (clock, temperature, kernel fallback, quality)
 pass through unchanged. Where a group's model has under `min_support` windows of
 data at the group's current load (a pool's first burst), the ratio would measure
-the model's extrapolation error, so it is withheld (NaN) while the model learns.
+the model's extrapolation error, so it is withheld (NaN) while the model learns
+(and, in a group frozen while its incident pages, until it thaws).
 """
 
 from __future__ import annotations
@@ -82,11 +83,12 @@ class LoadAdjuster:
             # are extrapolation: the ratio would measure the model's error, not the
             # device. Withhold them from detection (NaN) but learn from them (support is
             # taken before learning). A frozen group (its incident is paging) cannot
-            # learn, so withholding would last until it thaws: it keeps extrapolating,
-            # as before, and the lifecycle's recovery check already discounts that.
+            # learn, so there it lasts until the group thaws: judged on the extrapolation
+            # instead, a burst reads as a shift of level on every device, the detector
+            # re-baselines on it, and the burst's end pages as a pool-wide drop.
             novel = None
             if self.min_support > 0:
-                novel = (self._model.support(ids, f) < self.min_support) & ~self._model.frozen(ids)
+                novel = self._model.support(ids, f) < self.min_support
             exp_ok = self._model.update(ids, f, y[row, slot])
             if novel is not None:
                 novel &= np.isfinite(exp_ok)
