@@ -90,6 +90,7 @@ class Incident:
     emitted_devices: int = 0
     emitted_level: str = ""
     emitted_change: str | None = None
+    emitted_severity: str = ""  # of the last record sent ("" before the first)
     healthy_windows: int = 0
     bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
     recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back

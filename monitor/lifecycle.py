@@ -43,6 +43,7 @@ def fingerprint(*parts: object) -> str:
 # the fleet alert then hid the host incident (`fleet_day`, seed 6). A rollout staged pool by
 # pool pages per pool, each with its own change to roll back.
 FLEET_ONSET_WINDOWS = 6
+_RANK = {"info": 0, "ticket": 1, "page": 2}
 
 
 class AlertLifecycle:
@@ -99,10 +100,14 @@ class AlertLifecycle:
                 and now_ts - inc.last_ts >= self.s.update_every_windows * inc.window_s
             )
             news = level != inc.emitted_level or alert.suggestion.change_id != inc.emitted_change
-            if not (first or grew or news):
+            # A deeper drop on the same devices raises the severity without growth: a
+            # ticket that became a page must reach on-call now, not at the next growth.
+            worse = _RANK.get(alert.severity, 0) > _RANK.get(inc.emitted_severity, -1)
+            if not (first or grew or news or worse):
                 continue
             inc.emitted_devices, inc.emitted_level, inc.last_ts = n, level, now_ts
             inc.emitted_change = alert.suggestion.change_id
+            inc.emitted_severity = alert.severity
             out.append(alert)
         return out
 

@@ -134,3 +134,40 @@ def test_a_host_incident_minutes_later_on_another_pool_keeps_its_own_alert() -> 
     assert set(by_pool) == {"a", "b"}
     assert by_pool["b"].scope.level == "host"
     assert all(a.scope.level != "fleet" for a in alerts)
+
+
+def test_a_deeper_drop_on_the_same_devices_is_re_sent_as_a_page() -> None:
+    """No new device and no new scope, but the loss crossed the page bar: the record goes
+    out now (before, only growth, scope or a rollback candidate re-sent an alert)."""
+    counts = {(POOL, OLD): 8}
+    corr = Correlator()
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    devices = [f"node-{i:03d}/gpu0" for i in range(8)]
+    corr.add([_mfu_drop(d) for d in devices], T0 + 3 * W, counts)
+    (first,) = life.due(corr.incidents, T0 + 4 * W, counts)
+    assert first.severity == "ticket"
+    assert life.due(corr.incidents, T0 + 5 * W, counts) == []
+    deeper = [
+        ChangePoint(
+            device=d,
+            host=d.split("/", maxsplit=1)[0],
+            pool=POOL,
+            model=OLD,
+            layer="mlp",
+            metric="mfu",
+            stage=STAGE_OF["mfu"],
+            onset_ts=T0 + 5 * W,
+            detected_ts=T0 + 6 * W,
+            before=0.6426,
+            after=0.50,
+            score=3.0,
+            window_s=W,
+        )
+        for d in devices
+    ]
+    corr.add(deeper, T0 + 6 * W, counts)
+    (again,) = life.due(corr.incidents, T0 + 6 * W, counts)
+    assert again.id == first.id
+    assert again.severity == "page"
+    assert again.scope.device_count == first.scope.device_count
+    assert life.due(corr.incidents, T0 + 7 * W, counts) == []
