@@ -196,14 +196,6 @@ class LoadModel:
             self._grow(int(groups.max()) + 1)
             self._frozen[groups] = True
 
-    def frozen(self, groups: I64) -> npt.NDArray[np.bool_]:
-        """Whether each group is frozen (not learning)."""
-        groups = np.asarray(groups, dtype=np.int64)
-        out = np.zeros(groups.size, dtype=np.bool_)
-        known = groups < self._cap
-        out[known] = self._frozen[groups[known]]
-        return out
-
     def thaw(self, groups: I64) -> None:
         """Resume learning for these groups."""
         groups = np.asarray(groups, dtype=np.int64)
