@@ -16,12 +16,14 @@ T0, W = 1_000_000.0, 10.0
 POOL, OLD, NEW = "serve-a", "llama-8b@v3", "llama-8b@v4"
 
 
-def _mfu_drop(device: str) -> ChangePoint:
-    """MLP MFU -5.5% on one device of the old model."""
+def _mfu_drop(
+    device: str, onset: float = T0, before: float = 0.68, after: float = 0.6426
+) -> ChangePoint:
+    """MLP MFU on one device of the old model (by default -5.5%)."""
     return ChangePoint(
         device=device, host=device.split("/", maxsplit=1)[0], pool=POOL, model=OLD,
-        layer="mlp", metric="mfu", stage=STAGE_OF["mfu"], onset_ts=T0, detected_ts=T0 + 2 * W,
-        before=0.68, after=0.6426, score=1.1, window_s=W,
+        layer="mlp", metric="mfu", stage=STAGE_OF["mfu"], onset_ts=onset,
+        detected_ts=onset + 2 * W, before=before, after=after, score=1.1, window_s=W,
     )  # fmt: skip
 
 
@@ -147,24 +149,7 @@ def test_a_deeper_drop_on_the_same_devices_is_re_sent_as_a_page() -> None:
     (first,) = life.due(corr.incidents, T0 + 4 * W, counts)
     assert first.severity == "ticket"
     assert life.due(corr.incidents, T0 + 5 * W, counts) == []
-    deeper = [
-        ChangePoint(
-            device=d,
-            host=d.split("/", maxsplit=1)[0],
-            pool=POOL,
-            model=OLD,
-            layer="mlp",
-            metric="mfu",
-            stage=STAGE_OF["mfu"],
-            onset_ts=T0 + 5 * W,
-            detected_ts=T0 + 6 * W,
-            before=0.6426,
-            after=0.50,
-            score=3.0,
-            window_s=W,
-        )
-        for d in devices
-    ]
+    deeper = [_mfu_drop(d, onset=T0 + 4 * W, before=0.6426, after=0.50) for d in devices]
     corr.add(deeper, T0 + 6 * W, counts)
     (again,) = life.due(corr.incidents, T0 + 6 * W, counts)
     assert again.id == first.id
