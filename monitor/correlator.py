@@ -450,7 +450,7 @@ def bottleneck_class(stage: Stage, indicators: set[str], load_ratio: float = 1.0
 
     Queueing moved, with nothing else but what follows load (heat, utilisation), while
     offered load rose by `OVERLOAD_RATIO` or more: overload (pass the ratio only for an
-    incident whose primary metric is a queueing one).
+    incident whose primary metric is a queueing or load-following one).
     """
     if (
         indicators & QUEUEING

@@ -18,7 +18,13 @@ import numpy as np
 from monitor.advisor import Advisor
 from monitor.config import AlertSettings
 from monitor.correlator import ChangePoint, Incident, bottleneck_class
-from monitor.metrics import BAD_DIRECTION, DEVICE_METRICS, LAYER_METRICS, QUEUEING
+from monitor.metrics import (
+    BAD_DIRECTION,
+    DEVICE_METRICS,
+    LAYER_METRICS,
+    LOAD_FOLLOWING,
+    QUEUEING,
+)
 from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
 
 if TYPE_CHECKING:
@@ -192,7 +198,9 @@ class AlertLifecycle:
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
         moved = {metric for _, metric, _ in inc.supporting()}
-        load = inc.load_ratio() if metric in QUEUEING else 1.0
+        # Device MFU follows load like queueing does: an overload incident whose headline
+        # became device MFU (a later burst's end joined it) is still overload.
+        load = inc.load_ratio() if metric in QUEUEING | LOAD_FOLLOWING else 1.0
         bottleneck = bottleneck_class(stage, moved, load)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction)
         devices = sorted(inc.devices)
