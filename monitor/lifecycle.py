@@ -108,7 +108,7 @@ class AlertLifecycle:
             news = level != inc.emitted_level or alert.suggestion.change_id != inc.emitted_change
             # A deeper drop on the same devices raises the severity without growth: a
             # ticket that became a page must reach on-call now, not at the next growth.
-            worse = _RANK.get(alert.severity, 0) > _RANK.get(inc.emitted_severity, -1)
+            worse = _RANK[alert.severity] > _RANK.get(inc.emitted_severity, -1)  # "": none yet
             if not (first or grew or news or worse):
                 continue
             inc.emitted_devices, inc.emitted_level, inc.last_ts = n, level, now_ts

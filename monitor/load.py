@@ -84,8 +84,8 @@ class LoadAdjuster:
             # device. Withhold them from detection (NaN) but learn from them (support is
             # taken before learning). A frozen group (its incident is paging) cannot
             # learn, so there it lasts until the group thaws: judged on the extrapolation
-            # instead, a burst reads as a shift of level on every device, the detector
-            # re-baselines on it, and the burst's end pages as a pool-wide drop.
+            # instead, a burst would read as a shift of level on every device, and its
+            # end as a drop back.
             novel = None
             if self.min_support > 0:
                 novel = self._model.support(ids, f) < self.min_support

@@ -120,15 +120,17 @@ def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:
     """Device MFU follows load, like queueing: when it heads an overload incident (it moved
     on every device), the incident stays a ticket to scale out. It was judged without the
     offered load and paged (`fleet_day`, seed 6, at a later burst's end)."""
-    inc = _incident(req_after=220.0)
-    for i in range(8):
-        inc.points.append(_pt(f"h{i}/gpu0", "device_mfu", 0.5, 0.41, T0))
+
+    def headed_by_device_mfu(req_after: float):
+        inc = _incident(req_after=req_after)
+        inc.points += [_pt(f"h{i}/gpu0", "device_mfu", 0.5, 0.41, T0) for i in range(8)]
+        return inc
+
+    inc = headed_by_device_mfu(220.0)
     assert inc.primary_metric == "device_mfu"
     alert = _render(inc)
     assert alert.metric == "device_mfu"
     assert alert.bottleneck == "overload"
     assert alert.severity == "ticket"
-    flat = _incident(req_after=101.0)
-    for i in range(8):
-        flat.points.append(_pt(f"h{i}/gpu0", "device_mfu", 0.5, 0.41, T0))
-    assert _render(flat).severity == "page"  # no rise in offered load: not overload
+    # No rise in offered load: not overload.
+    assert _render(headed_by_device_mfu(101.0)).severity == "page"
