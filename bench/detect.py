@@ -466,6 +466,9 @@ def engine_shift(kind: str, plan: Plan, rng: np.random.Generator) -> ShiftScore:
 
 LARGE = (6.0, 10.0, 30.0)  # steps of the size real regressions often have (sd units)
 YOUNG_AGES = (100, 250)  # windows of history a young stream has when it shifts
+# Windows of history of a mature stream (the headline rows have 1,000): the AR(1) margin on
+# phi shrinks as 1 / sqrt(history), so AR(1) delays depend on a stream's age.
+MATURE_AGE = 4_000
 YOUNG_SHIFTS = (1.0, 2.0)
 
 
@@ -955,6 +958,11 @@ def main(argv: list[str] | None = None) -> int:
                for age in YOUNG_AGES}
         for kind in NOISES
     }  # fmt: skip
+    mature_rng = np.random.default_rng([args.seed, 5])
+    mature = {
+        kind: engine_young(kind, MATURE_AGE, 1_000 if not args.quick else 200, 350, mature_rng)
+        for kind in NOISES
+    }
     join_sizes = (600, 900, 1200, 600) if args.quick else (2_000, 4_500, 1_500, 1_000)
     joiners = {
         f"{j} in {f}": {
@@ -1120,6 +1128,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{s:g} sd {young[kind][age][str(s)]['recall']:.2f} "
                 f"({young[kind][age][str(s)]['delay_median']:.0f})" for s in YOUNG_SHIFTS)
             for age in YOUNG_AGES))  # fmt: skip
+    print(f"mature streams ({MATURE_AGE} windows of history; median delay, and its ratio to "
+          "the exact oracle at the engine's rate for that noise):")  # fmt: skip
+    for kind in NOISES:
+        print(f"  {kind:5} " + ", ".join(
+            f"{s:g} sd {mature[kind][str(s)]['delay_median']:.0f} "
+            f"({mature[kind][str(s)]['delay_median'] / oracle[kind][s]['same_delay_median']:.2f})"
+            for s in YOUNG_SHIFTS))  # fmt: skip
     warm_starts = [str(c) for c in (0, *JOIN_CREDITS)]
     table(
         f"Streams joining a mature family ({join_sizes[1]} joiners after {join_sizes[2]} "
@@ -1259,6 +1274,12 @@ def main(argv: list[str] | None = None) -> int:
         throughput=tput,
         large_step_delay_median={k: {str(s): v for s, v in d.items()} for k, d in large.items()},
         young_streams={k: {str(age): v for age, v in d.items()} for k, d in young.items()},
+        mature_streams={
+            k: {str(s): d[str(s)] | {"ratio_vs_oracle_same_rate": d[str(s)]["delay_median"]
+                                     / oracle[k][s]["same_delay_median"]} for s in YOUNG_SHIFTS}
+            | {"history_windows": MATURE_AGE}
+            for k, d in mature.items()
+        },
         threshold_sweep=tradeoff,
         scenarios=scen,
         seconds=time.perf_counter() - started,
