@@ -488,7 +488,6 @@ class Checkpointer:
         self.clock = clock
         kafka = source.kafka
         self.topic = kafka.topics.samples
-        self.changes = kafka.topics.changes
         self.group = kafka.group_id
         self.stats = CheckpointStats()
         self.log = get_logger("checkpoint", group=self.group)
@@ -545,7 +544,8 @@ class Checkpointer:
             state = (lowest, *sorted(offsets.items()))
             if state != self._incidents_saved:
                 # Samples offsets let a restore tell whether these incidents belong with
-                # the partition checkpoints it found; changes offsets say where to resume.
+                # the partition checkpoints it found. (Change events need no offset: every
+                # member reads the whole changes topic at start, `sources/kafka.py`.)
                 covered = {offset_key(tp.topic, tp.partition): o for tp, o in offsets.items()}
                 w = await self._write(
                     self.incidents_key(lowest), self.pipeline.snapshot_incidents(), covered,
@@ -614,7 +614,7 @@ class Checkpointer:
         if inc_key is not None:
             self._incidents_restored = True
             cands = found.get(inc_key, [])
-            seeks.update(await self._restore_incidents(cands, restored, partitions))
+            await self._restore_incidents(cands, restored)
         self.stats.last_restore_s = time.perf_counter() - t0
         self.log.info("checkpoints restored", partitions=sorted(restored),
                       fresh=len(fresh) - len(restored),
@@ -651,11 +651,8 @@ class Checkpointer:
         return None
 
     async def _restore_incidents(
-        self,
-        candidates: list[Checkpoint],
-        restored: Mapping[str, int],
-        partitions: Set[TopicPartition],
-    ) -> dict[TopicPartition, int]:
+        self, candidates: list[Checkpoint], restored: Mapping[str, int]
+    ) -> None:
         for cp in candidates:
             if not any(cp.offsets.get(k) == o for k, o in restored.items()):
                 # Written with other partition state (an old assignment, or a torn round).
@@ -671,14 +668,7 @@ class Checkpointer:
                                  key=cp.key, checkpoint=cp.id, reason=repr(exc))  # fmt: skip
                 continue
             self.stats.incident_restores += 1
-            # Change events after the checkpoint must reach the restored advisor again.
-            return {
-                tp: cp.offsets[k]
-                for tp in partitions
-                if tp.topic == self.changes
-                and (k := offset_key(tp.topic, tp.partition)) in cp.offsets
-            }
-        return {}
+            return
 
     def _forget(self, p: int) -> None:
         # A partition that left (or whose restore failed half-way) must not keep state:

@@ -14,11 +14,20 @@ Assignment is finished lazily, in the poll loop rather than in aiokafka's
 callback: heartbeats do not run during that callback, and restoring large
 checkpoints there could cost the group membership. New partitions stay paused
 until their hooks ran and they were sought to where processing must resume.
+
+Only the samples topic is shared out by the group. Change events are broadcast:
+a second consumer, outside the group, reads every partition of the changes
+topic from its beginning, so every member knows every change. Samples are keyed
+by device, so each member sees part of every pool; a change read by one member
+only would leave the others' pages without their rollback. At start the changes
+already on the topic are read before the first batch is yielded, so a restarted
+member knows them before it pages again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping, Set
 from typing import Any, Protocol
 
@@ -59,8 +68,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.source._assigned(set(assigned))
 
 
+# How long start() reads the changes already on the topic before it goes on (the rest
+# then arrive with the first batches).
+CHANGES_CATCH_UP_S = 30.0
+
+
 class KafkaSource:
-    """Consumes the samples and changes topics in `getmany` batches."""
+    """Consumes the samples topic as a group member and every change event, in batches."""
 
     def __init__(
         self,
@@ -80,6 +94,14 @@ class KafkaSource:
             auto_offset_reset=kafka.auto_offset_reset,
             **(consumer_options or {}),
         )
+        # Change events: every partition, no group, nothing committed (read from the
+        # beginning on every start; the advisor drops duplicates and events past its
+        # look-back).
+        self.changes_consumer = AIOKafkaConsumer(
+            **kafka.client_kwargs(), group_id=None, enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )  # fmt: skip
+        self._early_changes: list[RawMessage] = []
         self._pending = False
         self._lock = asyncio.Lock()
         # Bumped by every rebalance callback: a poll that overlapped one is discarded.
@@ -90,10 +112,41 @@ class KafkaSource:
         self.polled = False  # a poll succeeded since the last completed assignment
 
     async def start(self) -> None:
-        """Connect and subscribe."""
+        """Connect, read the change events already on the topic, and join the group."""
+        await self.changes_consumer.start()
+        # No group: aiokafka assigns every partition of the topic, and any added later
+        # (or the topic itself, if it is created after this start) on a metadata update.
+        self.changes_consumer.subscribe([self.kafka.topics.changes])
+        self._early_changes = await self._catch_up_changes()
         await self.consumer.start()
-        t = self.kafka.topics
-        self.consumer.subscribe([t.samples, t.changes], listener=_Listener(self))
+        self.consumer.subscribe([self.kafka.topics.samples], listener=_Listener(self))
+
+    async def _catch_up_changes(self) -> list[RawMessage]:
+        """The change events on the topic now (up to its end offsets at this call)."""
+        c = self.changes_consumer
+        deadline = time.monotonic() + CHANGES_CATCH_UP_S
+        out: list[RawMessage] = []
+        # The first fetch makes the assignment (from the metadata) and reads.
+        out.extend(_raw(await c.getmany(timeout_ms=self.kafka.poll_timeout_ms)))
+        tps = list(c.assignment())
+        if not tps:
+            self.log.warning("changes topic not found; pages carry no rollback until it exists",
+                             topic=self.kafka.topics.changes)  # fmt: skip
+            return out
+        end = await c.end_offsets(tps)
+        while [tp for tp in tps if await c.position(tp) < end[tp]]:
+            if time.monotonic() > deadline:
+                self.log.warning("changes not read to the end at start; they follow later",
+                                 read=len(out))  # fmt: skip
+                break
+            out.extend(_raw(await c.getmany(timeout_ms=self.kafka.poll_timeout_ms)))
+        self.log.info("change events read at start", count=len(out))
+        return out
+
+    async def _new_changes(self) -> list[RawMessage]:
+        """Change events fetched since the last call (no wait)."""
+        early, self._early_changes = self._early_changes, []
+        return early + _raw(await self.changes_consumer.getmany(timeout_ms=0))
 
     @property
     def ready(self) -> bool:
@@ -119,15 +172,13 @@ class KafkaSource:
                     self._rewind()
                     continue
                 self.polled = True
+                # Changes first: a page in this batch can then name a change that came
+                # with it.
+                changes = await self._new_changes()
                 if not got:
-                    yield []
+                    yield changes
                     continue
-                batch = [
-                    RawMessage(tp.topic, tp.partition, m.offset, m.key, m.value)
-                    for tp, msgs in got.items()
-                    for m in msgs
-                    if m.value is not None
-                ]
+                batch = changes + _raw(got)
                 for tp, msgs in got.items():
                     if msgs:
                         self._next[tp] = msgs[-1].offset + 1
@@ -149,7 +200,10 @@ class KafkaSource:
 
     async def close(self) -> None:
         """Leave the group and close connections."""
-        await self.consumer.stop()
+        try:
+            await self.consumer.stop()
+        finally:
+            await self.changes_consumer.stop()
 
     def _rewind(self) -> None:
         """Forget a poll that raced a rebalance: fetch again from what was delivered."""
@@ -201,6 +255,16 @@ class KafkaSource:
         self.assignments += 1
         self.log.info("partitions assigned", partitions=_names(assigned),
                       resumed_from_checkpoint=len(seeks))  # fmt: skip
+
+
+def _raw(got: Mapping[TopicPartition, list[Any]]) -> list[RawMessage]:
+    """A `getmany` result as raw messages, in partition then offset order (tombstones out)."""
+    return [
+        RawMessage(tp.topic, tp.partition, m.offset, m.key, m.value)
+        for tp, msgs in got.items()
+        for m in msgs
+        if m.value is not None
+    ]
 
 
 def _names(tps: Set[TopicPartition]) -> list[str]:

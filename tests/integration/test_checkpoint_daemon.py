@@ -31,8 +31,9 @@ def devices_by_partition(pipeline: Pipeline) -> dict[int, set[str]]:
 
 
 def firing(alerts: list[Alert]) -> set[tuple[str, str | None]]:
-    # Not the suggested change: whether the change event (another topic) is read before
-    # the first page depends on how the consumer interleaves topics, restart or not.
+    # Not the suggested change: a change event produced while a member runs comes through
+    # another consumer, and whether it is fetched before the first page depends on how the
+    # two interleave (at a start, the changes already on the topic are read first).
     return {(a.id, a.first_failing_stage) for a in alerts if a.status == "firing"}
 
 
