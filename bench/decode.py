@@ -25,6 +25,7 @@ from monitor.app import Runner  # noqa: E402
 from monitor.config import KafkaSettings, Settings, Topics  # noqa: E402
 from monitor.embedded import EmbeddedBroker, ensure_topics  # noqa: E402
 from monitor.pipeline import Output, Pipeline  # noqa: E402
+from monitor.repartition import Repartitioner  # noqa: E402
 from monitor.sources.base import RawMessage  # noqa: E402
 from monitor.sources.kafka import KafkaSource  # noqa: E402
 from monitor.wire import Codec  # noqa: E402
@@ -68,16 +69,17 @@ def bench_pipeline(data: list[bytes], batch: int = 5000) -> float:
     return len(msgs) / (time.perf_counter() - t)
 
 
-async def bench_broker(data: list[bytes]) -> tuple[float, float]:
-    """(produce records/s, consume+process records/s) through a real Tansu broker."""
+async def bench_broker(data: list[bytes]) -> tuple[float, float, float]:
+    """(produce, consume+process, repartition copy) records/s through a real Tansu broker."""
     from aiokafka import AIOKafkaProducer  # noqa: PLC0415
 
     async with EmbeddedBroker() as broker:
         run = uuid.uuid4().hex[:6]
         kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, group_id=f"b-{run}",
-                              topics=Topics(samples=f"s-{run}", changes=f"c-{run}"),
+                              topics=Topics(samples=f"s-{run}", changes=f"c-{run}",
+                                            by_pool=f"bp-{run}"),
                               poll_timeout_ms=300)  # fmt: skip
-        await ensure_topics(kafka)
+        await ensure_topics(kafka.model_copy(update={"repartition": True}))
         prod = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=20,
                                 max_batch_size=1 << 20)  # fmt: skip
         await prod.start()
@@ -113,7 +115,25 @@ async def bench_broker(data: list[bytes]) -> tuple[float, float]:
         await runner.run()
         consume_rate = pipeline.counters["records_in"] / (stamps[-1] - stamps[0])
         await source.close()
-        return produce_rate, consume_rate
+        copy_rate = await bench_repartition(kafka, len(data))
+        return produce_rate, consume_rate, copy_rate
+
+
+async def bench_repartition(kafka: KafkaSettings, n: int) -> float:
+    """Records per second through the copy stage (samples re-keyed by pool), steady state."""
+    rep = Repartitioner(kafka.model_copy(update={"repartition": True}))
+    await rep.start()
+    task = asyncio.create_task(rep.run())
+    await rep.progressed.wait()  # the group join is not throughput
+    t0, c0 = time.perf_counter(), rep.copied
+    while rep.copied < n:
+        rep.progressed.clear()
+        await rep.progressed.wait()
+    rate = (rep.copied - c0) / (time.perf_counter() - t0)
+    rep.stop.set()
+    await task
+    await rep.close()
+    return rate
 
 
 def main() -> int:
@@ -132,9 +152,10 @@ def main() -> int:
         "pipeline_records_per_s": round(bench_pipeline(data)),
     }
     if not args.no_broker:
-        prod, cons = asyncio.run(bench_broker(data))
+        prod, cons, copy = asyncio.run(bench_broker(data))
         result["broker_produce_records_per_s"] = round(prod)
         result["e2e_broker_records_per_s"] = round(cons)
+        result["repartition_records_per_s"] = round(copy)
     width = max(map(len, result))
     print(f"{'metric':<{width}}  value")
     for k, v in result.items():

@@ -487,7 +487,7 @@ class Checkpointer:
         self.interval_s = settings.interval_s
         self.clock = clock
         kafka = source.kafka
-        self.topic = kafka.topics.samples
+        self.topic = kafka.input_topic
         self.group = kafka.group_id
         self.stats = CheckpointStats()
         self.log = get_logger("checkpoint", group=self.group)

@@ -325,6 +325,15 @@ async def _record(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _finish(task: asyncio.Task[None]) -> BaseException | None:
+    """Wait for a background stage; its exception, if it failed."""
+    try:
+        await task
+    except Exception as exc:  # noqa: BLE001 - reported by the caller
+        return exc
+    return None
+
+
 async def _serve(settings: Settings) -> int:
     """The production daemon: Kafka in, alerts to the configured sinks."""
     from aiokafka.errors import KafkaError  # noqa: PLC0415
@@ -334,6 +343,7 @@ async def _serve(settings: Settings) -> int:
     from monitor.checkpoint import CheckpointError, open_checkpointer  # noqa: PLC0415
     from monitor.http import serve_http  # noqa: PLC0415
     from monitor.pipeline import Pipeline  # noqa: PLC0415
+    from monitor.repartition import Repartitioner  # noqa: PLC0415
     from monitor.sinks.base import Sink  # noqa: PLC0415
     from monitor.sinks.files import ConsoleSink, JsonlSink  # noqa: PLC0415
     from monitor.sinks.kafka import KafkaSink  # noqa: PLC0415
@@ -341,6 +351,7 @@ async def _serve(settings: Settings) -> int:
     from monitor.telemetry import register_metrics  # noqa: PLC0415
 
     log = get_logger("daemon")
+    rep = Repartitioner(settings.kafka) if settings.kafka.repartition else None
     source = KafkaSource(settings.kafka)
     pipeline = Pipeline(settings)
     kafka_sink = KafkaSink(settings.kafka)
@@ -351,12 +362,14 @@ async def _serve(settings: Settings) -> int:
     aiokafka_log.setLevel(logging.CRITICAL)
     try:
         checkpointer = await open_checkpointer(source, pipeline, settings.checkpoint)
+        if rep is not None:
+            await rep.start()
         await source.start()
         await kafka_sink.start()
     except (CheckpointError, KafkaError) as exc:
         # One line and exit 2, not a traceback: an unreachable or misnamed cluster is a
         # setting to fix (the supervisor restarts the pod either way).
-        for part in (checkpointer, source, kafka_sink):
+        for part in (checkpointer, rep, source, kafka_sink):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.close()
@@ -388,7 +401,12 @@ async def _serve(settings: Settings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, runner.stop.set)
     log.info("started", bootstrap=settings.kafka.bootstrap_servers, group=settings.kafka.group_id,
-             http_port=http.port if http else None)  # fmt: skip
+             http_port=http.port if http else None, repartition=rep is not None)  # fmt: skip
+    rep_failed: BaseException | None = None
+    rep_task = asyncio.create_task(rep.run()) if rep is not None else None
+    if rep_task is not None:
+        # A failed copy stage would starve the detectors: stop, and let the supervisor restart.
+        rep_task.add_done_callback(lambda t: runner.stop.set() if not t.cancelled() else None)
     try:
         await runner.run()
     except CheckpointError as exc:
@@ -399,6 +417,12 @@ async def _serve(settings: Settings) -> int:
     finally:
         if http is not None:
             await http.close()
+        if rep is not None and rep_task is not None:
+            rep.stop.set()
+            rep_failed = await _finish(rep_task)
+            await rep.close()
+            if rep_failed is not None:
+                log.error("repartition stage failed", error=repr(rep_failed))
         await source.close()
         if checkpointer is not None:
             await checkpointer.close()
@@ -407,4 +431,4 @@ async def _serve(settings: Settings) -> int:
                 await s.close()
         await kafka_sink.close()
         log.info("stopped", **dict(runner.pipeline.counters))
-    return 0
+    return 1 if rep_failed is not None else 0

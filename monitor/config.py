@@ -32,6 +32,8 @@ class Topics(_Frozen):
     alerts: str = "flopwatch.alerts"
     dlq: str = "flopwatch.dlq"
     state: str = "flopwatch.state"
+    # Not in the contract: flopwatch's own copy of the samples keyed by pool (`repartition`).
+    by_pool: str = "flopwatch.samples.by-pool"
 
 
 class KafkaSettings(_Frozen):
@@ -47,6 +49,11 @@ class KafkaSettings(_Frozen):
     max_batch_records: int = Field(default=5000, ge=1)
     poll_timeout_ms: int = Field(default=500, ge=1)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    repartition: bool = Field(
+        default=False,
+        description="re-key the samples by pool onto topics.by_pool and consume that, so each "
+        "member sees whole pools (turn on with more than one replica)",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] = (
         "PLAIN"
@@ -57,6 +64,11 @@ class KafkaSettings(_Frozen):
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     ssl_password: SecretStr | None = None
+
+    @property
+    def input_topic(self) -> str:
+        """The topic the group shares out: the samples, or their by-pool copy."""
+        return self.topics.by_pool if self.repartition else self.topics.samples
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments shared by aiokafka consumers, producers and admin clients."""

@@ -129,6 +129,7 @@ async def ensure_topics(kafka: KafkaSettings) -> None:
         t = kafka.topics
         wanted = [
             NewTopic(t.samples, kafka.partitions, 1),
+            *([NewTopic(t.by_pool, kafka.partitions, 1)] if kafka.repartition else []),
             NewTopic(t.changes, 1, 1),
             NewTopic(t.alerts, 1, 1),
             NewTopic(t.dlq, 1, 1),

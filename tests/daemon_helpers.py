@@ -18,6 +18,7 @@ from monitor.config import Settings
 from monitor.embedded import EmbeddedBroker
 from monitor.http import HttpServer
 from monitor.pipeline import Pipeline
+from monitor.repartition import Repartitioner
 from monitor.sinks.memory import ListSink
 from monitor.sources.kafka import KafkaSource
 from monitor.telemetry import register_metrics
@@ -49,6 +50,9 @@ class Daemon:
     runner: Runner = field(init=False)
     task: asyncio.Task[None] = field(init=False)
     http: HttpServer | None = None  # set by `setup(http=True)`: serves on a free port
+    # With `kafka.repartition` on: the copy stage, run beside the runner as `flopwatch run` does.
+    rep: Repartitioner | None = None
+    rep_task: asyncio.Task[None] | None = None
 
     async def setup(self, http: bool = False) -> Daemon:
         """Build everything (and start /metrics) without joining the group yet."""
@@ -71,6 +75,10 @@ class Daemon:
         """Join the group and run (after `setup`, which this calls if needed)."""
         if not hasattr(self, "runner"):
             await self.setup()
+        if self.settings.kafka.repartition:
+            self.rep = Repartitioner(self.settings.kafka, consumer_options=FAST_GROUP)
+            await self.rep.start()
+            self.rep_task = asyncio.create_task(self.rep.run())
         await self.source.start()
         self.task = asyncio.create_task(self.runner.run())
         return self
@@ -91,6 +99,10 @@ class Daemon:
         await self._close()
 
     async def _close(self) -> None:
+        if self.rep is not None and self.rep_task is not None:
+            self.rep.stop.set()
+            await asyncio.wait_for(self.rep_task, 30)
+            await self.rep.close()
         if self.http is not None:
             await self.http.close()
         await self.source.close()

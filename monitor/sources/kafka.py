@@ -15,7 +15,8 @@ callback: heartbeats do not run during that callback, and restoring large
 checkpoints there could cost the group membership. New partitions stay paused
 until their hooks ran and they were sought to where processing must resume.
 
-Only the samples topic is shared out by the group. Change events are broadcast:
+Only the samples topic (or its by-pool copy, `monitor/repartition.py`) is
+shared out by the group. Change events are broadcast:
 a second consumer, outside the group, reads every partition of the changes
 topic from its beginning, so every member knows every change. Samples are keyed
 by device, so each member sees part of every pool; a change read by one member
@@ -119,7 +120,7 @@ class KafkaSource:
         self.changes_consumer.subscribe([self.kafka.topics.changes])
         self._early_changes = await self._catch_up_changes()
         await self.consumer.start()
-        self.consumer.subscribe([self.kafka.topics.samples], listener=_Listener(self))
+        self.consumer.subscribe([self.kafka.input_topic], listener=_Listener(self))
 
     async def _catch_up_changes(self) -> list[RawMessage]:
         """The change events on the topic now (up to its end offsets at this call)."""

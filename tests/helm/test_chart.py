@@ -537,6 +537,32 @@ def test_misconfiguration_fails_at_render(
 # -- custom resources (not known to kubernetes-validate) -------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("values", "on"),
+    [
+        ({}, "false"),
+        ({"replicaCount": 2}, "true"),
+        ({"keda": {"enabled": True}}, "true"),
+        ({"replicaCount": 2, "kafka": {"repartition": False}}, "false"),
+        ({"kafka": {"repartition": True}}, "true"),
+    ],
+)
+def test_repartition_follows_the_replica_count(
+    chart: helm.Chart, values: dict[str, Any], on: str
+) -> None:
+    """`auto` re-keys by pool exactly when more than one replica can run; KEDA's trigger
+    then watches the detecting group on the by-pool copy."""
+    docs = render(chart, values)
+    env = container_env(daemon(docs))
+    assert env["FLOPWATCH_KAFKA__REPARTITION"] == on
+    assert env["FLOPWATCH_KAFKA__TOPICS__BY_POOL"] == "flopwatch.samples.by-pool"
+    scaled = [d for d in docs if d["kind"] == "ScaledObject"]
+    if scaled:
+        topics = [t["metadata"]["topic"] for t in scaled[0]["spec"]["triggers"]]
+        assert topics == (["flopwatch.samples.by-pool", "flopwatch.samples"] if on == "true"
+                          else ["flopwatch.samples"])  # fmt: skip
+
+
 def test_custom_resources(rendered: dict[str, list[Manifest]]) -> None:
     """ServiceMonitor scrapes the Service's port; KEDA watches the daemon's own group."""
     assert not {d["kind"] for d in rendered["default"]} & CRD_KINDS
@@ -563,19 +589,26 @@ def test_custom_resources(rendered: dict[str, list[Manifest]]) -> None:
         one(docs, "Deployment")["metadata"]["name"],
     )
     assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (2, 12)
-    (trigger,) = so["spec"]["triggers"]
-    meta = trigger["metadata"]
-    assert trigger["type"] == "kafka"
-    assert all(isinstance(v, str) for v in meta.values()), "KEDA metadata values are strings"
-    assert meta["bootstrapServers"] == env["FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS"]
-    assert meta["consumerGroup"] == env["FLOPWATCH_KAFKA__GROUP_ID"]
-    assert meta["topic"] == env["FLOPWATCH_KAFKA__TOPICS__SAMPLES"]
-    assert meta["offsetResetPolicy"] == env["FLOPWATCH_KAFKA__AUTO_OFFSET_RESET"]
-    assert int(meta["lagThreshold"]) >= 1
-    assert (meta["sasl"], meta["tls"]) == ("scram_sha512", "enable")
-
+    # KEDA runs several replicas, so the samples are re-keyed by pool: the detecting group
+    # reads the by-pool copy, and the copy stage's own group reads the samples.
+    assert env["FLOPWATCH_KAFKA__REPARTITION"] == "true"
+    detect, copy = so["spec"]["triggers"]
+    group = env["FLOPWATCH_KAFKA__GROUP_ID"]
+    assert (detect["metadata"]["consumerGroup"], detect["metadata"]["topic"]) == (
+        group, env["FLOPWATCH_KAFKA__TOPICS__BY_POOL"])  # fmt: skip
+    assert (copy["metadata"]["consumerGroup"], copy["metadata"]["topic"]) == (
+        f"{group}.repartition", env["FLOPWATCH_KAFKA__TOPICS__SAMPLES"])  # fmt: skip
     auth = one(docs, "TriggerAuthentication")
-    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    for trigger in (detect, copy):
+        meta = trigger["metadata"]
+        assert trigger["type"] == "kafka"
+        assert all(isinstance(v, str) for v in meta.values()), "KEDA metadata values are strings"
+        assert meta["bootstrapServers"] == env["FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS"]
+        assert meta["offsetResetPolicy"] == env["FLOPWATCH_KAFKA__AUTO_OFFSET_RESET"]
+        assert int(meta["lagThreshold"]) >= 1
+        assert (meta["sasl"], meta["tls"]) == ("scram_sha512", "enable")
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+
     refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
     assert refs["password"] == ("fw-kafka-sasl", "kafka-password")
     assert refs["ca"] == ("fw-kafka-tls", "ca.crt")

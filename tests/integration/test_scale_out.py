@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
 import pytest
 from daemon_helpers import DEVICES, Daemon, fast_settings, until
-from factories import fleet
-from kafka_helpers import produce
+from factories import fleet, msg
+from kafka_helpers import isolated_settings, produce
 
 from monitor.embedded import EmbeddedBroker, ensure_topics
 
@@ -82,3 +92,96 @@ async def test_changes_on_the_topic_are_read_before_the_first_batch(broker: Embe
         assert a.pipeline.counters["changes_in"] == 1
     finally:
         await a.stop()
+
+
+async def test_repartitioned_members_each_see_whole_pools(broker: EmbeddedBroker) -> None:
+    """With `repartition`, a pool's records all reach one member: one consistent alert (the
+    whole regressed pool, one severity) instead of one per member on its share."""
+    s = fast_settings(broker)
+    settings = s.model_copy(update={"kafka": s.kafka.model_copy(update={"repartition": True})})
+    await ensure_topics(settings.kafka)
+    by_pool = settings.kafka.topics.by_pool
+    a = await Daemon(settings).start()
+    b = await Daemon(settings).start()
+    await until(lambda: owned(a, by_pool) and owned(b, by_pool)
+                and owned(a, by_pool) | owned(b, by_pool) == {0, 1, 2, 3}
+                and not owned(a, by_pool) & owned(b, by_pool), "two members")  # fmt: skip
+    try:
+        # Bad bytes travel on under their own key and leave at decode, as without the stage.
+        batches = fleet(80, regress_at=45, change_at=44)
+        batches[10].append(msg(b'{"v":1,"ts":'))
+        # One record larger than a whole produced batch (it goes alone in one): it has a
+        # pool, so it is keyed, and then fails decoding downstream.
+        big = b'{"pool":"train-a","pad":"' + b"x" * (600 * 1024) + b'"}'
+        batches[20].append(msg(big))
+        await produce(settings, batches)
+        await until(lambda: a.records + b.records == 80 * DEVICES, "every window")
+        assert a.rep is not None
+        assert b.rep is not None
+        assert a.rep.unkeyed + b.rep.unkeyed == 1
+        await until(lambda: sum(d.pipeline.counters["records_rejected"] for d in (a, b)) == 2,
+                    "the two bad records at decode")  # fmt: skip
+        assert a.rep.copied + b.rep.copied == 80 * DEVICES + 2
+
+        def devices(d: Daemon, pool: str) -> set[str]:
+            return {name for st in d.pipeline.partitions.values()
+                    for name, dev in st.table.devices.items() if dev.pool == pool}  # fmt: skip
+
+        for pool in ("train-a", "train-b"):
+            seen = [devices(d, pool) for d in (a, b)]
+            assert sorted(len(x) for x in seen) == [0, DEVICES // 2], pool
+        owner, other = (a, b) if devices(a, "train-a") else (b, a)
+        await until(lambda: knows(owner, "chg-1"), "the change")
+        assert not [x for x in other.sink.alerts if x.status == "firing"]
+        firing = [x for x in owner.sink.alerts if x.status == "firing"]
+        assert len({x.id for x in firing}) == 1
+        # It grows as devices join (a ticket on a few devices first); the last record is
+        # the page on the pool, with most of its 16 devices, naming the change.
+        last = firing[-1]
+        assert (last.severity, last.scope.level) == ("page", "pool")
+        assert len(last.scope.devices) > DEVICES // 4
+        assert last.suggestion.change_id == "chg-1"
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+def test_flopwatch_run_with_repartition(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """`flopwatch run` with FLOPWATCH_KAFKA__REPARTITION: copies, detects, stops with 0."""
+    s = isolated_settings(broker)
+    kafka = s.kafka.model_copy(update={"repartition": True})
+    t = kafka.topics
+    asyncio.run(ensure_topics(kafka))
+    out, log = tmp_path / "alerts.jsonl", tmp_path / "run.log"
+    env = {**os.environ, "FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+           "FLOPWATCH_KAFKA__GROUP_ID": kafka.group_id, "FLOPWATCH_KAFKA__REPARTITION": "true",
+           "FLOPWATCH_KAFKA__TOPICS__SAMPLES": t.samples, "FLOPWATCH_KAFKA__TOPICS__BY_POOL":
+           t.by_pool, "FLOPWATCH_KAFKA__TOPICS__CHANGES": t.changes,
+           "FLOPWATCH_KAFKA__TOPICS__ALERTS": t.alerts, "FLOPWATCH_KAFKA__TOPICS__DLQ": t.dlq,
+           "FLOPWATCH_KAFKA__TOPICS__STATE": t.state, "FLOPWATCH_SINKS__CONSOLE": "false",
+           "FLOPWATCH_SINKS__JSONL_PATH": str(out), "FLOPWATCH_LOG_FORMAT": "json",
+           "FLOPWATCH_HTTP_PORT": "0"}  # fmt: skip
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "monitor", "run"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        try:
+            asyncio.run(produce(s.model_copy(update={"kafka": kafka}),
+                                fleet(80, regress_at=45, change_at=44)))  # fmt: skip
+            deadline = time.monotonic() + 90
+
+            def alerts() -> list[dict[str, Any]]:
+                text = out.read_text() if out.exists() else ""
+                return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+            while not any(a["suggestion"]["change_id"] == "chg-1" for a in alerts()):
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, "no alert naming the change"
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+    assert code == 0, log.read_text()[-2000:]
+    started = [json.loads(line) for line in log.read_text().splitlines()
+               if '"event": "started"' in line]  # fmt: skip
+    assert started[0]["repartition"] is True
+    assert {a["scope"]["pool"] for a in alerts()} == {"train-a"}

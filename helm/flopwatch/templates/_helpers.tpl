@@ -72,3 +72,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $m := dict "PLAIN" "plaintext" "SCRAM-SHA-256" "scram_sha256" "SCRAM-SHA-512" "scram_sha512" "OAUTHBEARER" "oauthbearer" "GSSAPI" "gssapi" }}
 {{- get $m .Values.kafka.sasl.mechanism | default "none" }}
 {{- end }}
+
+{{/* "true" when the samples are re-keyed by pool (kafka.repartition, `auto` = several replicas or KEDA). */}}
+{{- define "flopwatch.repartition" -}}
+{{- $r := .Values.kafka.repartition -}}
+{{- if eq (toString $r) "auto" -}}
+{{- or .Values.keda.enabled (gt (int .Values.replicaCount) 1) | toString -}}
+{{- else -}}
+{{- $r | toString -}}
+{{- end -}}
+{{- end }}
