@@ -393,7 +393,7 @@ async def _serve(settings: Settings) -> int:
     runner = Runner(source, pipeline, sinks, dead_letters=kafka_sink.send_dead,
                     checkpointer=checkpointer)  # fmt: skip
     registry = register_metrics(CollectorRegistry(), runner, source, checkpointer,
-                                lambda: source.ready)  # fmt: skip
+                                lambda: source.ready, rep)  # fmt: skip
     # All interfaces: the kubelet's probes and Prometheus reach the pod from outside.
     http = await serve_http(settings.http_port, registry, lambda: source.ready,
                             host="0.0.0.0")  # noqa: S104  # fmt: skip

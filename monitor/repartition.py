@@ -70,6 +70,7 @@ class Repartitioner:
         self.copied = 0
         self.unkeyed = 0  # records whose pool could not be read (sent on with their own key)
         self.progressed = asyncio.Event()  # set after each batch is copied (for waiters)
+        self.delivered: dict[TopicPartition, int] = {}  # next offset to copy, per partition
 
     async def start(self) -> None:
         """Connect and join the repartition group."""
@@ -88,10 +89,10 @@ class Repartitioner:
                 continue
             self.copied += await self._copy(out, got)
             self.progressed.set()
+            done = {tp: msgs[-1].offset + 1 for tp, msgs in got.items() if msgs}
+            self.delivered.update(done)
             try:
-                await self.consumer.commit(
-                    {tp: msgs[-1].offset + 1 for tp, msgs in got.items() if msgs}
-                )
+                await self.consumer.commit(done)
             except CommitFailedError as exc:
                 # A rebalance took the partitions: their next owner copies these again.
                 self.log.warning("commit failed; records will be copied again", error=repr(exc))

@@ -27,6 +27,7 @@ from monitor.app import Runner
 if TYPE_CHECKING:
     from monitor.checkpoint import Checkpointer
     from monitor.pipeline import PartitionState, Pipeline
+    from monitor.repartition import Repartitioner
     from monitor.sources.kafka import KafkaSource
 
 
@@ -80,11 +81,13 @@ class DaemonCollector(Collector):
         source: KafkaSource | None = None,
         checkpointer: Checkpointer | None = None,
         ready: Callable[[], bool] | None = None,
+        repartitioner: Repartitioner | None = None,
     ) -> None:
         self.runner = runner
         self.source = source
         self.checkpointer = checkpointer
         self.ready = ready
+        self.repartitioner = repartitioner
 
     def describe(self) -> Iterable[Metric]:
         """Nothing up front: names are checked per scrape, and collecting at registration
@@ -106,6 +109,30 @@ class DaemonCollector(Collector):
             yield from self._kafka(self.source)
         if self.checkpointer is not None:
             yield from self._checkpoints(self.checkpointer)
+        if self.repartitioner is not None:
+            yield from self._repartition(self.repartitioner)
+
+    def _repartition(self, rep: Repartitioner) -> Iterator[Metric]:
+        records = CounterMetricFamily(
+            "flopwatch_repartition_records_total",
+            "Samples copied to the by-pool topic; keyed=false: the pool could not be read, "
+            "the record kept its key (the decoder dead-letters it).",
+            labels=["keyed"],
+        )
+        records.add_metric(["true"], rep.copied - rep.unkeyed)
+        records.add_metric(["false"], rep.unkeyed)
+        yield records
+        lag = GaugeMetricFamily(
+            "flopwatch_repartition_lag_records",
+            "Samples not yet copied: the high watermark less the copy stage's position, per "
+            "partition of the samples topic.",
+            labels=["topic", "partition"],
+        )
+        for tp in sorted(rep.consumer.assignment()):
+            high = rep.consumer.highwater(tp)
+            if high is not None and tp in rep.delivered:
+                lag.add_metric([tp.topic, str(tp.partition)], max(0, high - rep.delivered[tp]))
+        yield lag
 
     def _pipeline(self, p: Pipeline) -> Iterator[Metric]:
         c = p.counters
@@ -315,8 +342,9 @@ def register_metrics(
     source: KafkaSource | None = None,
     checkpointer: Checkpointer | None = None,
     ready: Callable[[], bool] | None = None,
+    repartitioner: Repartitioner | None = None,
 ) -> CollectorRegistry:
     """Add the daemon's collector and the standard process metrics to `registry`."""
-    registry.register(DaemonCollector(runner, source, checkpointer, ready))
+    registry.register(DaemonCollector(runner, source, checkpointer, ready, repartitioner))
     ProcessCollector(registry=registry)
     return registry

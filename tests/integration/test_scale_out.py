@@ -16,8 +16,10 @@ import pytest
 from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet, msg
 from kafka_helpers import isolated_settings, produce
+from prometheus_client import CollectorRegistry
 
 from monitor.embedded import EmbeddedBroker, ensure_topics
+from monitor.telemetry import register_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -122,6 +124,17 @@ async def test_repartitioned_members_each_see_whole_pools(broker: EmbeddedBroker
         await until(lambda: sum(d.pipeline.counters["records_rejected"] for d in (a, b)) == 2,
                     "the two bad records at decode")  # fmt: skip
         assert a.rep.copied + b.rep.copied == 80 * DEVICES + 2
+        # What /metrics says about the copy stage: the records by keyed, nothing left behind.
+        regs = [register_metrics(CollectorRegistry(), d.runner, d.source, None, None, d.rep)
+                for d in (a, b)]  # fmt: skip
+        keyed = [r.get_sample_value("flopwatch_repartition_records_total", {"keyed": k})
+                 for r in regs for k in ("true", "false")]  # fmt: skip
+        assert keyed[1] + keyed[3] == 1
+        assert sum(keyed) == 80 * DEVICES + 2
+        lags = [m.samples for r in regs for m in r.collect()
+                if m.name == "flopwatch_repartition_lag_records"]  # fmt: skip
+        assert sum(len(x) for x in lags) >= 1
+        assert all(sample.value == 0 for x in lags for sample in x)
 
         def devices(d: Daemon, pool: str) -> set[str]:
             return {name for st in d.pipeline.partitions.values()
