@@ -117,6 +117,27 @@ class AlertLifecycle:
             out.append(alert)
         return out
 
+    def restate(
+        self, incidents: list[Incident], now_ts: float, pool_devices: dict[PoolKey, int]
+    ) -> list[Alert]:
+        """The current record of every open incident that has paged, as it stands now.
+
+        After a restore the sinks start empty: Alertmanager's would never re-post a page
+        it was not told about in this process, and Alertmanager resolves what is not
+        re-posted within its `resolve_timeout`, while the regression goes on.
+        """
+        out: list[Alert] = []
+        for inc in incidents:
+            if inc.status != "open" or inc.alert_id is None or inc.parent is not None:
+                continue
+            fleet = bool(inc.children)
+            view = inc.merged() if fleet else inc
+            n_pool = sum(m.pool_devices(pool_devices) for m in (inc, *inc.children))
+            level = "fleet" if fleet else inc.scope_level(n_pool, self.s.pool_fraction)
+            view.detected_ts = inc.detected_ts
+            out.append(self.render(view, now_ts, n_pool, "firing", level=level))
+        return out
+
     def _link_fleet(self, incidents: list[Incident], sure_at: dict[int, float]) -> None:
         """Fold same-metric, same-layer incidents of different pools with close onsets into
         one fleet incident (a driver or firmware rollout hits every pool at once)."""

@@ -104,6 +104,7 @@ class Pipeline:
         self.partitions: dict[int, PartitionState] = {}
         self.correlator = Correlator(settings.alerts.group_window_s)
         self.advisor = Advisor(lookback_s=settings.alerts.change_lookback_s)
+        self._restate = False  # set by a restore: re-send what still fires (`lifecycle.restate`)
         self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
         self.counters: Counter[str] = Counter()
         # Per stream kind: what the detectors' alarms became, and the change points by
@@ -185,7 +186,15 @@ class Pipeline:
                     st.device_detector.forget(dev_rows)
                     st.layer_detector.forget(layer_rows)
                     st.expired_at = part_ts
+        if self._restate and self.partition_ts:
+            # The first batch after a restore: send what is still firing once more.
+            self._restate = False
+            again = self.lifecycle.restate(
+                self.correlator.incidents, self.watermark(), self.pool_counts()
+            )
+            out.alerts.extend(again)
         if not samples:
+            self.counters["alerts_out"] += len(out.alerts)
             return out
         now = self.watermark()
         counts = self.pool_counts() if points or self.correlator.incidents else {}
@@ -300,6 +309,7 @@ class Pipeline:
         # The configured windows win over the checkpoint's (as for the detectors).
         self.correlator.group_window_s = self.settings.alerts.group_window_s
         self.advisor.lookback_s = self.settings.alerts.change_lookback_s
+        self._restate = True
 
     def watermark(self) -> float:
         """Event time every active partition has reached (partitions lagging > max_skew ignored).

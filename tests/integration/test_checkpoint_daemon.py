@@ -178,3 +178,35 @@ async def test_rebalance_hands_partitions_over_with_their_state(broker: Embedded
     await a.stop()
     assert a.pipeline.counters["records_duplicate"] == 0
     assert b.pipeline.counters["records_duplicate"] == 0
+
+
+async def test_restart_sends_what_still_fires_again(broker: EmbeddedBroker) -> None:
+    """A page still firing at a restart is sent again from the restored state at the first
+    batch: the new process's Alertmanager sink was never told of it, and Alertmanager
+    resolves what nobody re-posts within its resolve_timeout, regression or not."""
+    settings = fast_settings(broker)
+    await ensure_topics(settings.kafka)
+    batches = fleet(84, regress_at=45, change_at=44)
+    first = await Daemon(settings).start()
+    await produce(settings, batches[:80])
+    await until(lambda: first.records == 80 * DEVICES, "the first 80 windows")
+    await first.stop()
+    last = {a.id: a for a in first.sink.alerts}
+    assert last
+    assert {a.status for a in last.values()} == {"firing"}
+
+    second = await Daemon(settings).start()
+    try:
+        await produce(settings, batches[80:82])  # two more windows; nothing new happens
+        await until(lambda: second.records == 2 * DEVICES, "two more windows")
+        again = {a.id: a for a in second.sink.alerts}
+        assert set(again) == set(last)
+
+        def summary(a: Alert) -> tuple[str, str, str, str | None]:
+            return a.status, a.severity, a.scope.level, a.suggestion.change_id
+
+        assert {aid: summary(a) for aid, a in again.items()} == {
+            aid: summary(a) for aid, a in last.items()
+        }
+    finally:
+        await second.stop()
