@@ -44,6 +44,7 @@ class Runner:
         batches = self.source.batches()
         try:
             async for batch in batches:
+                await self._hand_over()
                 if batch:
                     await self._process(batch, log)
                 elif self.stop_when_idle is not None and self.stop_when_idle():
@@ -58,6 +59,19 @@ class Runner:
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _hand_over(self) -> None:
+        """Tell the sinks which alerts this member gave up in a rebalance: their new owner
+        keeps them alive now (a sink without `forget` has nothing to keep alive)."""
+        ids, self.pipeline.handed_over = self.pipeline.handed_over, []
+        if not ids:
+            return
+        for sink in self.sinks:
+            forget = getattr(sink, "forget", None)
+            if forget is not None:
+                forget(ids)
+        for aid in ids:
+            self.firing.pop(aid, None)
 
     async def _process(self, batch: list[RawMessage], log: FilteringBoundLogger) -> None:
         out = self.pipeline.process(batch)

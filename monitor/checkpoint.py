@@ -615,6 +615,8 @@ class Checkpointer:
             self._incidents_restored = True
             cands = found.get(inc_key, [])
             await self._restore_incidents(cands, restored)
+            # This member's last incidents may include partitions another member owns now.
+            self.pipeline.keep_incidents_of(set(samples))
         self.stats.last_restore_s = time.perf_counter() - t0
         self.log.info("checkpoints restored", partitions=sorted(restored),
                       fresh=len(fresh) - len(restored),
@@ -672,7 +674,9 @@ class Checkpointer:
 
     def _forget(self, p: int) -> None:
         # A partition that left (or whose restore failed half-way) must not keep state:
-        # if it comes back, it is restored from the newest checkpoint instead.
+        # if it comes back, it is restored from the newest checkpoint instead. Its open
+        # incidents went into that checkpoint too, for the partition's next owner.
+        self.pipeline.hand_over(p)
         self.pipeline.partitions.pop(p, None)
         self.pipeline.partition_ts.pop(p, None)
         self._saved.pop(p, None)

@@ -18,7 +18,7 @@ import numpy as np
 from monitor import detect
 from monitor.advisor import Advisor
 from monitor.config import Settings
-from monitor.correlator import AGGREGATE, ChangePoint, Correlator
+from monitor.correlator import AGGREGATE, ChangePoint, Correlator, Incident
 from monitor.detect.base import F64, I64, Detections, Detector
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.lifecycle import AlertLifecycle
@@ -104,7 +104,9 @@ class Pipeline:
         self.partitions: dict[int, PartitionState] = {}
         self.correlator = Correlator(settings.alerts.group_window_s)
         self.advisor = Advisor(lookback_s=settings.alerts.change_lookback_s)
-        self._restate = False  # set by a restore: re-send what still fires (`lifecycle.restate`)
+        # Restored incidents whose pages the next batch sends again (`lifecycle.restate`).
+        self._to_restate: list[Incident] = []
+        self.handed_over: list[str] = []  # alert ids of incidents given up in a rebalance
         self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
         self.counters: Counter[str] = Counter()
         # Per stream kind: what the detectors' alarms became, and the change points by
@@ -186,12 +188,10 @@ class Pipeline:
                     st.device_detector.forget(dev_rows)
                     st.layer_detector.forget(layer_rows)
                     st.expired_at = part_ts
-        if self._restate and self.partition_ts:
+        if self._to_restate and self.partition_ts:
             # The first batch after a restore: send what is still firing once more.
-            self._restate = False
-            again = self.lifecycle.restate(
-                self.correlator.incidents, self.watermark(), self.pool_counts()
-            )
+            again = self.lifecycle.restate(self._to_restate, self.watermark(), self.pool_counts())
+            self._to_restate = []
             out.alerts.extend(again)
         if not samples:
             self.counters["alerts_out"] += len(out.alerts)
@@ -253,6 +253,8 @@ class Pipeline:
                 },
                 "expired_at": st.expired_at,
                 "partition_ts": self.partition_ts.get(partition),
+                # The open incidents this partition owns travel with it to its next owner.
+                "incidents": self._owned(partition),
             },
             protocol=pickle.HIGHEST_PROTOCOL,
         )
@@ -290,7 +292,45 @@ class Pipeline:
         st.expired_at = state["expired_at"]
         if state["partition_ts"] is not None:
             self.partition_ts[partition] = state["partition_ts"]
+        self._adopt(state.get("incidents", []))
         return outcomes
+
+    def _owned(self, partition: int) -> list[Incident]:
+        """Open top-level incidents owned by this partition (their lowest point partition)."""
+        return [
+            i
+            for i in self.correlator.incidents
+            if i.status == "open" and i.parent is None and owner_partition(i) == partition
+        ]
+
+    def _adopt(self, incidents: list[Incident]) -> None:
+        """Take over incidents from a partition checkpoint (a rebalance or a restart); the
+        first batch then sends those that paged once more (`lifecycle.restate`)."""
+        known = {incident_key(i) for i in self.correlator.incidents}
+        for inc in incidents:
+            if incident_key(inc) in known:
+                continue
+            for member in (inc, *inc.children):  # fleet children are listed on their own
+                member.group_window_s = self.settings.alerts.group_window_s
+                self.correlator.incidents.append(member)
+            self._to_restate.append(inc)
+
+    def keep_incidents_of(self, partitions: set[int]) -> list[str]:
+        """Hand over every open incident owned by a partition outside `partitions` (after a
+        restore: a member's incidents checkpoint can hold another member's)."""
+        owners = {owner_partition(i) for i in self.correlator.incidents if i.parent is None}
+        return [aid for p in sorted(owners - partitions) for aid in self.hand_over(p)]
+
+    def hand_over(self, partition: int) -> list[str]:
+        """Drop the incidents a revoked partition owns (its next owner restores them from the
+        partition's checkpoint); returns the alert ids the sinks must stop keeping alive."""
+        gone = self._owned(partition)
+        ids = {id(m) for i in gone for m in (i, *i.children)}
+        self.correlator.incidents = [i for i in self.correlator.incidents if id(i) not in ids]
+        self._to_restate = [i for i in self._to_restate if id(i) not in ids]
+        out = [i.alert_id for i in gone if i.alert_id is not None]
+        self.handed_over.extend(out)
+        return out
 
     def snapshot_incidents(self) -> bytes:
         """Incidents, recent evidence and known change events (the cross-partition state)."""
@@ -302,14 +342,17 @@ class Pipeline:
     def restore_incidents(self, blob: bytes) -> None:
         """Restore what `snapshot_incidents` saved."""
         state = pickle.loads(blob)  # noqa: S301 - written by this process family only
+        adopted = self.correlator.incidents  # from partition checkpoints restored just before
         self.correlator = state["correlator"]
         self.correlator.fill_missing_fields()
+        known = {incident_key(i) for i in self.correlator.incidents}
+        self.correlator.incidents.extend(i for i in adopted if incident_key(i) not in known)
         self.advisor = state["advisor"]
         self.lifecycle.advisor = self.advisor
         # The configured windows win over the checkpoint's (as for the detectors).
         self.correlator.group_window_s = self.settings.alerts.group_window_s
         self.advisor.lookback_s = self.settings.alerts.change_lookback_s
-        self._restate = True
+        self._to_restate = list(self.correlator.incidents)
 
     def watermark(self) -> float:
         """Event time every active partition has reached (partitions lagging > max_skew ignored).
@@ -392,7 +435,7 @@ class Pipeline:
             found.append(ChangePoint(
                 name, dev.host, dev.pool, dev.model, layer_type, "kernel", "lowering",
                 onset_ts=k_ts - dev.window_s, detected_ts=k_ts, before=0.0, after=1.0, score=1.0,
-                window_s=dev.window_s, row=row,
+                window_s=dev.window_s, row=row, partition=view.partition,
             ))  # fmt: skip
         self.counters["change_points"] += len(found)
         return found
@@ -455,6 +498,20 @@ def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
     k = np.where(np.isfinite(k), k, 1.0)
     return Detections(det.rows, det.cols, det.detected_ts, det.onset_ts, det.before * k,
                       det.after * k, det.score)  # fmt: skip
+
+
+def owner_partition(inc: Incident) -> int:
+    """The partition whose checkpoint carries an incident: the lowest of its regressions'
+    (evidence restored from checkpoints of before 2026-11-30 may lack its partition)."""
+    parts = [p.partition for m in (inc, *inc.children) for p in m.points]
+    return min(parts, default=0)
+
+
+def incident_key(inc: Incident) -> tuple[object, ...]:
+    """What identifies an incident across checkpoints: its alert id once it paged."""
+    if inc.alert_id is not None:
+        return ("alert", inc.alert_id)
+    return (inc.pool, inc.model, inc.anchor_ts, inc.primary_metric)
 
 
 def _adjusters(st: PartitionState) -> dict[str, LoadAdjuster | None]:

@@ -122,6 +122,13 @@ class AlertmanagerSink:
         if batch:
             await self._post_all(batch)
 
+    def forget(self, ids: Sequence[str]) -> None:
+        """Stop re-posting these alerts (another member owns their incidents now); nothing
+        is posted, so Alertmanager sees no gap while the new owner takes over."""
+        for aid in ids:
+            self.active.pop(aid, None)
+            self._posted_labels.pop(aid, None)
+
     async def _post_all(self, batch: list[dict[str, Any]]) -> None:
         results = await asyncio.gather(
             *(asyncio.to_thread(self._post, url, batch) for url in self.settings.urls),

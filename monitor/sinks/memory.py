@@ -12,6 +12,11 @@ class ListSink:
 
     def __init__(self) -> None:
         self.alerts: list[Alert] = []
+        self.forgotten: list[str] = []  # alert ids handed over to another member
+
+    def forget(self, ids: Sequence[str]) -> None:
+        """Note alerts another member keeps alive now."""
+        self.forgotten.extend(ids)
 
     async def send(self, alerts: Sequence[Alert]) -> None:
         """Append the batch."""

@@ -110,27 +110,31 @@ async def test_repartitioned_members_each_see_whole_pools(broker: EmbeddedBroker
                 and not owned(a, by_pool) & owned(b, by_pool), "two members")  # fmt: skip
     try:
         # Bad bytes travel on under their own key and leave at decode, as without the stage.
-        batches = fleet(80, regress_at=45, change_at=44)
+        batches = fleet(100, regress_at=45, change_at=44)
         batches[10].append(msg(b'{"v":1,"ts":'))
         # One record larger than a whole produced batch (it goes alone in one): it has a
         # pool, so it is keyed, and then fails decoding downstream.
         big = b'{"pool":"train-a","pad":"' + b"x" * (600 * 1024) + b'"}'
         batches[20].append(msg(big))
-        await produce(settings, batches)
-        await until(lambda: a.records + b.records == 80 * DEVICES, "every window")
+        await produce(settings, batches[:90])
+        await until(lambda: a.records + b.records == 90 * DEVICES, "90 windows")
+        # The copy stage drains its partitions unevenly, so some devices run windows ahead
+        # of others; ten more windows let the last growth update go out.
+        await produce(settings, batches[90:])
+        await until(lambda: a.records + b.records == 100 * DEVICES, "every window")
         assert a.rep is not None
         assert b.rep is not None
         assert a.rep.unkeyed + b.rep.unkeyed == 1
         await until(lambda: sum(d.pipeline.counters["records_rejected"] for d in (a, b)) == 2,
                     "the two bad records at decode")  # fmt: skip
-        assert a.rep.copied + b.rep.copied == 80 * DEVICES + 2
+        assert a.rep.copied + b.rep.copied == 100 * DEVICES + 2
         # What /metrics says about the copy stage: the records by keyed, nothing left behind.
         regs = [register_metrics(CollectorRegistry(), d.runner, d.source, None, None, d.rep)
                 for d in (a, b)]  # fmt: skip
         keyed = [r.get_sample_value("flopwatch_repartition_records_total", {"keyed": k})
                  for r in regs for k in ("true", "false")]  # fmt: skip
         assert keyed[1] + keyed[3] == 1
-        assert sum(keyed) == 80 * DEVICES + 2
+        assert sum(keyed) == 100 * DEVICES + 2
         lags = [m.samples for r in regs for m in r.collect()
                 if m.name == "flopwatch_repartition_lag_records"]  # fmt: skip
         assert sum(len(x) for x in lags) >= 1
@@ -148,8 +152,8 @@ async def test_repartitioned_members_each_see_whole_pools(broker: EmbeddedBroker
         assert not [x for x in other.sink.alerts if x.status == "firing"]
         firing = [x for x in owner.sink.alerts if x.status == "firing"]
         assert len({x.id for x in firing}) == 1
-        # It grows as devices join (a ticket on a few devices first); the last record is
-        # the page on the pool, with most of its 16 devices, naming the change.
+        # It grows as devices join (a ticket on a few devices first); 55 windows after the
+        # onset the last record is the page on the pool, with most of its 16 devices.
         last = firing[-1]
         assert (last.severity, last.scope.level) == ("page", "pool")
         assert len(last.scope.devices) > DEVICES // 4
@@ -198,3 +202,51 @@ def test_flopwatch_run_with_repartition(broker: EmbeddedBroker, tmp_path: Path) 
                if '"event": "started"' in line]  # fmt: skip
     assert started[0]["repartition"] is True
     assert {a["scope"]["pool"] for a in alerts()} == {"train-a"}
+
+
+async def test_a_leaving_member_hands_its_page_over(broker: EmbeddedBroker) -> None:
+    """The member that paged leaves; the one that takes its partitions restores the open
+    incident with them, sends it again (its own sinks never had it) and resolves it when the
+    fix lands. Before, the incident stayed behind: nobody re-posted it, nobody resolved it."""
+    s = fast_settings(broker)
+    settings = s.model_copy(update={"kafka": s.kafka.model_copy(update={"repartition": True})})
+    await ensure_topics(settings.kafka)
+    by_pool = settings.kafka.topics.by_pool
+    a = await Daemon(settings).start()
+    b = await Daemon(settings).start()
+    await until(lambda: owned(a, by_pool) and owned(b, by_pool)
+                and owned(a, by_pool) | owned(b, by_pool) == {0, 1, 2, 3},
+                "two members")  # fmt: skip
+    bad, good = fleet(72, regress_at=45, change_at=44), fleet(140)
+    try:
+        await produce(settings, bad[:70])
+        await until(lambda: a.records + b.records == 70 * DEVICES, "70 windows")
+        await until(lambda: any(x.status == "firing" for x in a.sink.alerts + b.sink.alerts),
+                    "the page")  # fmt: skip
+        owner, heir = (a, b) if a.sink.alerts else (b, a)
+        paged = owner.sink.alerts[-1]
+        await owner.stop()
+        assert heir.rep is not None
+        samples = settings.kafka.topics.samples
+        # Both groups hand over: the heir's copy stage must own every samples partition
+        # too, or half the devices' windows would run ahead of the others'.
+        await until(lambda: owned(heir, by_pool) == {0, 1, 2, 3}
+                    and {tp.partition for tp in heir.rep.consumer.assignment()
+                         if tp.topic == samples} == {0, 1, 2, 3}, "the hand-over")  # fmt: skip
+        await produce(settings, bad[70:72])
+        await until(lambda: any(x.id == paged.id for x in heir.sink.alerts), "the page again")
+        again = next(x for x in heir.sink.alerts if x.id == paged.id)
+        assert (again.status, again.severity, again.scope.level, again.suggestion.change_id) == (
+            "firing", paged.severity, paged.scope.level, paged.suggestion.change_id)  # fmt: skip
+        await produce(settings, good[72:130])
+        await until(lambda: owner.records + heir.records == 130 * DEVICES, "the fix")
+        # The copy stage drains its samples partitions unevenly, so some devices' windows
+        # run ahead of others' within a by-pool partition; recovery is judged on windows
+        # newer than those already judged, so resolving can wait for the next window.
+        await produce(settings, good[130:])
+        await until(lambda: any(x.id == paged.id and x.status == "resolved"
+                                for x in heir.sink.alerts), "the resolution")  # fmt: skip
+    finally:
+        for d in (a, b):
+            if not d.task.done():
+                await d.stop()

@@ -217,3 +217,41 @@ def test_new_devices_start_from_their_pools_noise_model() -> None:
     cold, _, q = joiners_warm({})
     assert cold == 0
     assert not q.warm_counts
+
+
+def test_a_revoked_partition_takes_its_open_incident_to_the_next_owner() -> None:
+    """Hand-over: the old owner drops the incident and names its alert for the sinks to
+    forget; the partition's checkpoint carries it; the new owner re-sends it at its first
+    batch, and then resolves it when the fix lands."""
+    bad, good = fleet(72, regress_at=45, change_at=44), fleet(140)
+    old, alerts, _ = _run(bad[:70])
+    (aid,) = {a.id for a in alerts if a.status == "firing"}
+    # The factory spreads devices over partitions 0-3; the lowest one owns the incident.
+    blobs = {p: old.snapshot_partition(p) for p in range(4)}
+    assert [old.hand_over(p) for p in (1, 2, 3)] == [[], [], []]
+    assert old.hand_over(0) == [aid]
+    assert old.handed_over == [aid]
+    assert not old.correlator.incidents
+    assert old.keep_incidents_of(set()) == []  # nothing left to hand over
+
+    new = Pipeline(Settings())
+    for p, blob in blobs.items():
+        new.restore_partition(p, blob)
+    # Every member reads every change event; the Kafka source re-reads them at start and
+    # sends them with its first batch.
+    first = new.process([m for b in bad for m in b if m.topic == "flopwatch.changes"])
+    assert [(a.id, a.status, a.suggestion.change_id) for a in first.alerts] == [
+        (aid, "firing", "chg-1")
+    ]
+    assert not new.process(bad[70]).alerts  # said once
+    later = [a for b in bad[71:] + good[72:] for a in new.process(b).alerts]
+    assert [(a.id, a.status) for a in later][-1] == (aid, "resolved")
+
+
+def test_restored_incidents_of_other_partitions_are_handed_over() -> None:
+    """A member's incidents checkpoint may hold incidents another member owns now."""
+    p, alerts, _ = _run(fleet(70, regress_at=45, change_at=44))
+    (aid,) = {a.id for a in alerts if a.status == "firing"}
+    assert p.keep_incidents_of({0}) == []
+    assert p.keep_incidents_of({1, 2}) == [aid]
+    assert not p.correlator.incidents
