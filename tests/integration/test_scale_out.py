@@ -19,6 +19,8 @@ from kafka_helpers import isolated_settings, produce
 from prometheus_client import CollectorRegistry
 
 from monitor.embedded import EmbeddedBroker, ensure_topics
+from monitor.pipeline import owner_partition
+from monitor.sources.base import RawMessage
 from monitor.telemetry import register_metrics
 
 pytestmark = pytest.mark.integration
@@ -250,3 +252,59 @@ async def test_a_leaving_member_hands_its_page_over(broker: EmbeddedBroker) -> N
         for d in (a, b):
             if not d.task.done():
                 await d.stop()
+
+
+def _two_incidents(windows: int) -> list[list[RawMessage]]:
+    """train-a regresses at window 45 (after chg-1), train-b at 60: two incidents, too far
+    apart to be one fleet alert, on two by-pool partitions."""
+    a = fleet(windows, regress_at=45, change_at=44, regress_pool="train-a")
+    b = fleet(windows, regress_at=60, regress_pool="train-b")
+    return [
+        [m for m in ba if m.topic == "flopwatch.changes" or b"train-a" in m.value]
+        + [m for m in bb if m.topic != "flopwatch.changes" and b"train-b" in m.value]
+        for ba, bb in zip(a, b, strict=True)
+    ]
+
+
+async def test_a_joining_member_takes_over_the_incident_of_the_partition_it_gets(
+    broker: EmbeddedBroker,
+) -> None:
+    """A live member that loses a partition in a rebalance gives up the incident that
+    partition owns (its sinks stop keeping it alive); the member that gets the partition
+    sends it again. With two pools on by-pool partitions of different parity and two
+    members sharing four partitions round-robin, exactly one of the two incidents moves."""
+    s = fast_settings(broker)
+    settings = s.model_copy(update={"kafka": s.kafka.model_copy(update={"repartition": True})})
+    await ensure_topics(settings.kafka)
+    by_pool = settings.kafka.topics.by_pool
+    batches = _two_incidents(80)
+    a = await Daemon(settings).start()
+    b: Daemon | None = None
+    try:
+        await produce(settings, batches[:75])
+        await until(lambda: a.records == 75 * DEVICES, "75 windows on one member")
+        await until(lambda: len({x.id for x in a.sink.alerts}) == 2, "both pages")
+        owners = {i.alert_id: owner_partition(i) for i in a.pipeline.correlator.incidents
+                  if i.alert_id}  # fmt: skip
+        assert len(owners) == 2
+        assert len({p % 2 for p in owners.values()}) == 2, owners
+
+        b = await Daemon(settings).start()
+        await until(lambda: owned(a, by_pool) and owned(b, by_pool)
+                    and owned(a, by_pool) | owned(b, by_pool) == {0, 1, 2, 3},
+                    "the rebalance")  # fmt: skip
+        moved = {aid for aid, p in owners.items() if p in owned(b, by_pool)}
+        kept = set(owners) - moved
+        assert len(moved) == len(kept) == 1
+        await produce(settings, batches[75:])
+        await until(lambda: a.records + b.records == 80 * DEVICES, "the last windows")
+        await until(lambda: set(a.sink.forgotten) == moved, "the old owner lets go")
+        await until(lambda: {x.id for x in b.sink.alerts} >= moved, "the new owner")
+        assert {x.id for x in b.sink.alerts} == moved
+        assert {i.alert_id for i in a.pipeline.correlator.incidents if i.alert_id} == kept
+        assert {i.alert_id for i in b.pipeline.correlator.incidents if i.alert_id} == moved
+        assert a.runner.firing.keys() == kept
+    finally:
+        if b is not None:
+            await b.stop()
+        await a.stop()
