@@ -80,9 +80,7 @@ class AlertLifecycle:
             if inc.status != "open" or inc.parent is not None:
                 continue
             fleet = bool(inc.children)
-            view = inc.merged() if fleet else inc
-            n_pool = sum(m.pool_devices(pool_devices) for m in (inc, *inc.children))
-            level = "fleet" if fleet else inc.scope_level(n_pool, self.s.pool_fraction)
+            view, n_pool, level = self._view(inc, pool_devices)
             n = len(view.devices)
             first = inc.alert_id is None
             if first:
@@ -130,13 +128,19 @@ class AlertLifecycle:
         for inc in incidents:
             if inc.status != "open" or inc.alert_id is None or inc.parent is not None:
                 continue
-            fleet = bool(inc.children)
-            view = inc.merged() if fleet else inc
-            n_pool = sum(m.pool_devices(pool_devices) for m in (inc, *inc.children))
-            level = "fleet" if fleet else inc.scope_level(n_pool, self.s.pool_fraction)
+            view, n_pool, level = self._view(inc, pool_devices)
             view.detected_ts = inc.detected_ts
             out.append(self.render(view, now_ts, n_pool, "firing", level=level))
         return out
+
+    def _view(self, inc: Incident, pool_devices: dict[PoolKey, int]) -> tuple[Incident, int, str]:
+        """What an alert shows of a top-level incident: the incident (with its fleet
+        children folded in), the devices of its pools, and its scope level."""
+        if inc.children:
+            n_pool = sum(m.pool_devices(pool_devices) for m in (inc, *inc.children))
+            return inc.merged(), n_pool, "fleet"
+        n_pool = inc.pool_devices(pool_devices)
+        return inc, n_pool, inc.scope_level(n_pool, self.s.pool_fraction)
 
     def _link_fleet(self, incidents: list[Incident], sure_at: dict[int, float]) -> None:
         """Fold same-metric, same-layer incidents of different pools with close onsets into

@@ -18,6 +18,7 @@ from factories import fleet, msg
 from kafka_helpers import isolated_settings, produce
 from prometheus_client import CollectorRegistry
 
+from monitor.config import Settings
 from monitor.embedded import EmbeddedBroker, ensure_topics
 from monitor.pipeline import owner_partition
 from monitor.sources.base import RawMessage
@@ -34,6 +35,19 @@ def knows(d: Daemon, change_id: str) -> bool:
     return change_id in {c.id for c in d.pipeline.advisor.changes}
 
 
+async def split_between(a: Daemon, b: Daemon, topic: str) -> None:
+    """Wait until the two members share the topic's four partitions."""
+    await until(lambda: owned(a, topic) and owned(b, topic)
+                and owned(a, topic) | owned(b, topic) == {0, 1, 2, 3}
+                and not owned(a, topic) & owned(b, topic), "two members")  # fmt: skip
+
+
+def repartitioned(broker: EmbeddedBroker) -> Settings:
+    """Isolated, fast settings with `kafka.repartition` on."""
+    s = fast_settings(broker)
+    return s.model_copy(update={"kafka": s.kafka.model_copy(update={"repartition": True})})
+
+
 async def test_two_members_both_suggest_the_rollback(broker: EmbeddedBroker) -> None:
     """Samples are keyed by device, so both members see part of the regressed pool; the
     change event (one partition) must reach both, or one member's pages lack the rollback."""
@@ -42,9 +56,7 @@ async def test_two_members_both_suggest_the_rollback(broker: EmbeddedBroker) -> 
     samples = settings.kafka.topics.samples
     a = await Daemon(settings).start()
     b = await Daemon(settings).start()
-    await until(lambda: owned(a, samples) and owned(b, samples)
-                and owned(a, samples) | owned(b, samples) == {0, 1, 2, 3}
-                and not owned(a, samples) & owned(b, samples), "two members")  # fmt: skip
+    await split_between(a, b, samples)
     try:
         await produce(settings, fleet(80, regress_at=45, change_at=44))
         await until(lambda: a.records + b.records == 80 * DEVICES, "every window")
@@ -101,15 +113,12 @@ async def test_changes_on_the_topic_are_read_before_the_first_batch(broker: Embe
 async def test_repartitioned_members_each_see_whole_pools(broker: EmbeddedBroker) -> None:
     """With `repartition`, a pool's records all reach one member: one consistent alert (the
     whole regressed pool, one severity) instead of one per member on its share."""
-    s = fast_settings(broker)
-    settings = s.model_copy(update={"kafka": s.kafka.model_copy(update={"repartition": True})})
+    settings = repartitioned(broker)
     await ensure_topics(settings.kafka)
     by_pool = settings.kafka.topics.by_pool
     a = await Daemon(settings).start()
     b = await Daemon(settings).start()
-    await until(lambda: owned(a, by_pool) and owned(b, by_pool)
-                and owned(a, by_pool) | owned(b, by_pool) == {0, 1, 2, 3}
-                and not owned(a, by_pool) & owned(b, by_pool), "two members")  # fmt: skip
+    await split_between(a, b, by_pool)
     try:
         # Bad bytes travel on under their own key and leave at decode, as without the stage.
         batches = fleet(100, regress_at=45, change_at=44)
@@ -210,15 +219,12 @@ async def test_a_leaving_member_hands_its_page_over(broker: EmbeddedBroker) -> N
     """The member that paged leaves; the one that takes its partitions restores the open
     incident with them, sends it again (its own sinks never had it) and resolves it when the
     fix lands. Before, the incident stayed behind: nobody re-posted it, nobody resolved it."""
-    s = fast_settings(broker)
-    settings = s.model_copy(update={"kafka": s.kafka.model_copy(update={"repartition": True})})
+    settings = repartitioned(broker)
     await ensure_topics(settings.kafka)
     by_pool = settings.kafka.topics.by_pool
     a = await Daemon(settings).start()
     b = await Daemon(settings).start()
-    await until(lambda: owned(a, by_pool) and owned(b, by_pool)
-                and owned(a, by_pool) | owned(b, by_pool) == {0, 1, 2, 3},
-                "two members")  # fmt: skip
+    await split_between(a, b, by_pool)
     bad, good = fleet(72, regress_at=45, change_at=44), fleet(140)
     try:
         await produce(settings, bad[:70])
@@ -273,8 +279,7 @@ async def test_a_joining_member_takes_over_the_incident_of_the_partition_it_gets
     partition owns (its sinks stop keeping it alive); the member that gets the partition
     sends it again. With two pools on by-pool partitions of different parity and two
     members sharing four partitions round-robin, exactly one of the two incidents moves."""
-    s = fast_settings(broker)
-    settings = s.model_copy(update={"kafka": s.kafka.model_copy(update={"repartition": True})})
+    settings = repartitioned(broker)
     await ensure_topics(settings.kafka)
     by_pool = settings.kafka.topics.by_pool
     batches = _two_incidents(80)
@@ -290,9 +295,7 @@ async def test_a_joining_member_takes_over_the_incident_of_the_partition_it_gets
         assert len({p % 2 for p in owners.values()}) == 2, owners
 
         b = await Daemon(settings).start()
-        await until(lambda: owned(a, by_pool) and owned(b, by_pool)
-                    and owned(a, by_pool) | owned(b, by_pool) == {0, 1, 2, 3},
-                    "the rebalance")  # fmt: skip
+        await split_between(a, b, by_pool)
         moved = {aid for aid, p in owners.items() if p in owned(b, by_pool)}
         kept = set(owners) - moved
         assert len(moved) == len(kept) == 1
