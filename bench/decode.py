@@ -69,8 +69,9 @@ def bench_pipeline(data: list[bytes], batch: int = 5000) -> float:
     return len(msgs) / (time.perf_counter() - t)
 
 
-async def bench_broker(data: list[bytes]) -> tuple[float, float, float]:
-    """(produce, consume+process, repartition copy) records/s through a real Tansu broker."""
+async def bench_broker(data: list[bytes]) -> tuple[float, float, float, float]:
+    """(produce, consume+process, repartition copy, copy and consume+process together)
+    records/s through a real Tansu broker."""
     from aiokafka import AIOKafkaProducer  # noqa: PLC0415
 
     async with EmbeddedBroker() as broker:
@@ -89,34 +90,51 @@ async def bench_broker(data: list[bytes]) -> tuple[float, float, float]:
         await prod.flush()
         produce_rate = len(data) / (time.perf_counter() - t)
         await prod.stop()
-        source = KafkaSource(kafka)
-        await source.start()
-        pipeline = Pipeline(Settings(kafka=kafka))
-        seen = 0
-
-        def caught_up() -> bool:
-            return pipeline.counters["records_in"] + pipeline.counters["records_rejected"] >= seen
-
-        seen = len(data)
-        # Steady state: from the first fetched batch to the last one processed, so the
-        # consumer-group join (seconds on any broker) is not counted as throughput.
-        stamps: list[float] = []
-        process = pipeline.process
-
-        def timed(batch: list[RawMessage]) -> Output:
-            if not stamps:
-                stamps.append(time.perf_counter())
-            out = process(batch)
-            stamps[1:] = [time.perf_counter()]
-            return out
-
-        pipeline.process = timed  # type: ignore[method-assign]
-        runner = Runner(source, pipeline, [], stop_when_idle=caught_up)
-        await runner.run()
-        consume_rate = pipeline.counters["records_in"] / (stamps[-1] - stamps[0])
-        await source.close()
+        consume_rate = await consume(kafka, len(data))
         copy_rate = await bench_repartition(kafka, len(data))
-        return produce_rate, consume_rate, copy_rate
+        # Both stages in one process, as a replica with `repartition` runs them: fresh groups
+        # and a fresh by-pool topic, the copy stage feeding the detectors as they go.
+        both = kafka.model_copy(update={
+            "group_id": f"b2-{run}", "repartition": True,
+            "topics": kafka.topics.model_copy(update={"by_pool": f"bp2-{run}"}),
+        })  # fmt: skip
+        await ensure_topics(both)
+        rep = Repartitioner(both)
+        await rep.start()
+        task = asyncio.create_task(rep.run())
+        both_rate = await consume(both, len(data))
+        rep.stop.set()
+        await task
+        await rep.close()
+        return produce_rate, consume_rate, copy_rate, both_rate
+
+
+async def consume(kafka: KafkaSettings, n: int) -> float:
+    """Records per second through the group consumer and the pipeline, steady state."""
+    source = KafkaSource(kafka)
+    await source.start()
+    pipeline = Pipeline(Settings(kafka=kafka))
+
+    def caught_up() -> bool:
+        return pipeline.counters["records_in"] + pipeline.counters["records_rejected"] >= n
+
+    # Steady state: from the first fetched batch to the last one processed, so the
+    # consumer-group join (seconds on any broker) is not counted as throughput.
+    stamps: list[float] = []
+    process = pipeline.process
+
+    def timed(batch: list[RawMessage]) -> Output:
+        if not stamps:
+            stamps.append(time.perf_counter())
+        out = process(batch)
+        stamps[1:] = [time.perf_counter()]
+        return out
+
+    pipeline.process = timed  # type: ignore[method-assign]
+    runner = Runner(source, pipeline, [], stop_when_idle=caught_up)
+    await runner.run()
+    await source.close()
+    return pipeline.counters["records_in"] / (stamps[-1] - stamps[0])
 
 
 async def bench_repartition(kafka: KafkaSettings, n: int) -> float:
@@ -152,10 +170,11 @@ def main() -> int:
         "pipeline_records_per_s": round(bench_pipeline(data)),
     }
     if not args.no_broker:
-        prod, cons, copy = asyncio.run(bench_broker(data))
+        prod, cons, copy, both = asyncio.run(bench_broker(data))
         result["broker_produce_records_per_s"] = round(prod)
         result["e2e_broker_records_per_s"] = round(cons)
         result["repartition_records_per_s"] = round(copy)
+        result["e2e_repartitioned_records_per_s"] = round(both)
     width = max(map(len, result))
     print(f"{'metric':<{width}}  value")
     for k, v in result.items():
