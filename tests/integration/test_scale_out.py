@@ -42,6 +42,15 @@ async def split_between(a: Daemon, b: Daemon, topic: str) -> None:
                 and not owned(a, topic) & owned(b, topic), "two members")  # fmt: skip
 
 
+async def start_two(settings: Settings, topic: str) -> tuple[Daemon, Daemon]:
+    """Two members of one group, started and sharing the topic's four partitions."""
+    await ensure_topics(settings.kafka)
+    a = await Daemon(settings).start()
+    b = await Daemon(settings).start()
+    await split_between(a, b, topic)
+    return a, b
+
+
 def repartitioned(broker: EmbeddedBroker) -> Settings:
     """Isolated, fast settings with `kafka.repartition` on."""
     s = fast_settings(broker)
@@ -52,11 +61,8 @@ async def test_two_members_both_suggest_the_rollback(broker: EmbeddedBroker) -> 
     """Samples are keyed by device, so both members see part of the regressed pool; the
     change event (one partition) must reach both, or one member's pages lack the rollback."""
     settings = fast_settings(broker)
-    await ensure_topics(settings.kafka)
     samples = settings.kafka.topics.samples
-    a = await Daemon(settings).start()
-    b = await Daemon(settings).start()
-    await split_between(a, b, samples)
+    a, b = await start_two(settings, samples)
     try:
         await produce(settings, fleet(80, regress_at=45, change_at=44))
         await until(lambda: a.records + b.records == 80 * DEVICES, "every window")
@@ -114,11 +120,8 @@ async def test_repartitioned_members_each_see_whole_pools(broker: EmbeddedBroker
     """With `repartition`, a pool's records all reach one member: one consistent alert (the
     whole regressed pool, one severity) instead of one per member on its share."""
     settings = repartitioned(broker)
-    await ensure_topics(settings.kafka)
     by_pool = settings.kafka.topics.by_pool
-    a = await Daemon(settings).start()
-    b = await Daemon(settings).start()
-    await split_between(a, b, by_pool)
+    a, b = await start_two(settings, by_pool)
     try:
         # Bad bytes travel on under their own key and leave at decode, as without the stage.
         batches = fleet(100, regress_at=45, change_at=44)
@@ -220,11 +223,8 @@ async def test_a_leaving_member_hands_its_page_over(broker: EmbeddedBroker) -> N
     incident with them, sends it again (its own sinks never had it) and resolves it when the
     fix lands. Before, the incident stayed behind: nobody re-posted it, nobody resolved it."""
     settings = repartitioned(broker)
-    await ensure_topics(settings.kafka)
     by_pool = settings.kafka.topics.by_pool
-    a = await Daemon(settings).start()
-    b = await Daemon(settings).start()
-    await split_between(a, b, by_pool)
+    a, b = await start_two(settings, by_pool)
     bad, good = fleet(72, regress_at=45, change_at=44), fleet(140)
     try:
         await produce(settings, bad[:70])
