@@ -117,7 +117,6 @@ class Repartitioner:
                 p = self._partitioner(key, parts, parts)
                 by_part.setdefault(p, []).append((key, m.value))
         acks = []
-        n = 0
         for p, items in by_part.items():
             batch = self.producer.create_batch()
             for key, value in items:
@@ -126,10 +125,9 @@ class Repartitioner:
                     acks.append(await self.producer.send_batch(batch, out, partition=p))
                     batch = self.producer.create_batch()
                     batch.append(key=key, value=value, timestamp=None)
-                n += 1
             acks.append(await self.producer.send_batch(batch, out, partition=p))
         await asyncio.gather(*acks)
-        return n
+        return sum(len(items) for items in by_part.values())
 
     async def close(self) -> None:
         """Leave the group and flush."""
