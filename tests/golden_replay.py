@@ -1,0 +1,83 @@
+"""Replay the scenario pack and reduce what the monitor produced to comparable bytes.
+
+The golden file `tests/data/golden/replay.json` holds, per scenario, every alert record
+(JSON, as the sinks encode it) and a digest of every detector and load-model checkpoint
+at the end of the run. A refactor that changes neither judgement nor state keeps both
+byte-identical. When a change *means* to alter judgement, regenerate the file and say
+why in the commit:
+
+    python -m tests.golden_replay --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from monitor.app import Runner
+from monitor.config import Settings
+from monitor.pipeline import Pipeline, _adjusters
+from monitor.sinks.memory import ListSink
+from monitor.sources.simulated import SimulatorSource
+from sim.run import simulate
+from sim.scenarios import SCENARIOS
+
+GOLDEN = Path(__file__).parent / "data" / "golden" / "replay.json"
+# Every scenario but the six-hour fleet_day, small enough for `make test`.
+PACK = [n for n in SCENARIOS if n != "fleet_day"]
+DEVICES, SEED, PARTITIONS = 48, 11, 4
+
+
+def _digest(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+async def replay(name: str) -> dict[str, Any]:
+    """One scenario's alerts (JSON text per record) and checkpoint digests."""
+    sc = SCENARIOS[name]
+    sim = simulate(name, devices=DEVICES, duration_s=sc.default_duration_s, seed=SEED)
+    settings = Settings()
+    sink = ListSink()
+    pipeline = Pipeline(settings)
+    await Runner(SimulatorSource(sim, settings.kafka.topics, partitions=PARTITIONS),
+                 pipeline, [sink]).run()  # fmt: skip
+    state: dict[str, str] = {}
+    for p, st in sorted(pipeline.partitions.items()):
+        for kind, det in (("layer", st.layer_detector), ("device", st.device_detector),
+                          ("pool_layer", st.pool_layer_detector),
+                          ("pool_device", st.pool_device_detector)):  # fmt: skip
+            assert det is not None
+            state[f"{p}/{kind}"] = _digest(det.snapshot())
+        for kind, adj in _adjusters(st).items():
+            if adj is not None:
+                snap = adj.snapshot()
+                state[f"{p}/{kind}"] = _digest(b"".join(snap[c] for c in sorted(snap)))
+    alerts = [msgspec.json.encode(a).decode() for a in sink.alerts]
+    return {"alerts": alerts, "state": state}
+
+
+def replay_all() -> dict[str, Any]:
+    """Every scenario of the golden pack."""
+    return {name: asyncio.run(replay(name)) for name in PACK}
+
+
+def main() -> None:
+    """Print a summary, or (--write) regenerate the golden file."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    got = replay_all()
+    for name, r in got.items():
+        print(f"{name}: {len(r['alerts'])} alert records, {len(r['state'])} state digests")
+    if args.write:
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
