@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy monitor sim bench
+	$(BIN)/lint-imports --no-cache
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
@@ -34,13 +35,13 @@ fmt: $(STAMP)
 ## bench: every benchmark, JSON under out/bench/
 bench: $(STAMP)
 	mkdir -p out/bench
-	$(BIN)/python bench/decode.py --json out/bench/decode.json
-	$(BIN)/python bench/sim.py --json out/bench/sim.json
-	$(BIN)/python bench/detect.py --json out/bench/detect.json
-	$(BIN)/python bench/scores.py --json out/bench/scores.json
-	$(BIN)/python bench/diagnose.py --json out/bench/diagnose.json
-	$(BIN)/python bench/checkpoint.py --json out/bench/checkpoint.json
-	@if [ -n "$(TCPD)" ]; then $(BIN)/python bench/tcpd.py --data "$(TCPD)" --json out/bench/tcpd.json; \
+	$(BIN)/python -m bench.decode --json out/bench/decode.json
+	$(BIN)/python -m bench.simulator --json out/bench/sim.json
+	$(BIN)/python -m bench.detect --json out/bench/detect.json
+	$(BIN)/python -m bench.scores --json out/bench/scores.json
+	$(BIN)/python -m bench.diagnose --json out/bench/diagnose.json
+	$(BIN)/python -m bench.checkpoint --json out/bench/checkpoint.json
+	@if [ -n "$(TCPD)" ]; then $(BIN)/python -m bench.tcpd --data "$(TCPD)" --json out/bench/tcpd.json; \
 	else echo "bench/tcpd.py skipped: set TCPD=<a checkout of alan-turing-institute/TCPD>"; fi
 
 clean:

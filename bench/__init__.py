@@ -1,1 +1,1 @@
-"""Benchmarks: `python bench/<name>.py --json PATH` (a package so `bench/sim.py` is `bench.sim`)."""
+"""Benchmarks, each a module with a table and `--json`: `python -m bench.<name> --json PATH`."""

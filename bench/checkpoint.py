@@ -1,6 +1,6 @@
 """Checkpoint size and time: a partition's state after a simulated run, raw and compressed.
 
-    python bench/checkpoint.py --json out/bench/checkpoint.json [--devices 256 1024]
+    python -m bench.checkpoint --json out/bench/checkpoint.json [--devices 256 1024]
 
 Runs the `pool_regression` scenario through the pipeline in process (4 input
 partitions, devices spread by key), then snapshots, compresses (zlib level 6,
@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import zlib
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from monitor.config import Settings
-from monitor.pipeline import Pipeline
-from monitor.sources.base import RawMessage
+from monitor.core.pipeline import Pipeline
+from monitor.core.types import RawMessage
 from sim.run import simulate
 
 PARTITIONS = 4

@@ -1,6 +1,6 @@
 """Decode and end-to-end throughput: records/s through the decoder, the pipeline and a broker.
 
-    python bench/decode.py --json out/bench/decode.json [--records 50000] [--no-broker]
+    python -m bench.decode --json out/bench/decode.json [--records 50000] [--no-broker]
 
 Records carry 6 layer types each (contract §1 shape, all optional fields set).
 """
@@ -10,25 +10,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 import uuid
 from pathlib import Path
 
+from monitor.config import KafkaSettings, Settings, Topics
+from monitor.core.pipeline import Pipeline
+from monitor.core.types import Output, RawMessage
+from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
+from monitor.daemon.repartition import Repartitioner
+from monitor.daemon.runner import Runner
+from monitor.sources.kafka import KafkaSource
+from monitor.wire import Codec
+
 # The repo root first: tests/monitor must not shadow the monitor package.
-_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]
-
-from factories import T0, msg, window  # noqa: E402
-
-from monitor.app import Runner  # noqa: E402
-from monitor.config import KafkaSettings, Settings, Topics  # noqa: E402
-from monitor.embedded import EmbeddedBroker, ensure_topics  # noqa: E402
-from monitor.pipeline import Output, Pipeline  # noqa: E402
-from monitor.repartition import Repartitioner  # noqa: E402
-from monitor.sources.base import RawMessage  # noqa: E402
-from monitor.sources.kafka import KafkaSource  # noqa: E402
-from monitor.wire import Codec  # noqa: E402
+from tests.factories import T0, msg, window
 
 LAYERS = ("attention", "mlp", "embedding", "norm", "softmax", "allreduce")
 

@@ -1,6 +1,6 @@
 """Detection benchmark: false alarms, recall, delay and onsets vs the exact oracle and river.
 
-    python bench/detect.py --json out/bench/detect.json [--quick] [--no-scenarios]
+    python -m bench.detect --json out/bench/detect.json [--quick] [--no-scenarios]
 
 Synthetic streams (level 10, noise sd 1) under Gaussian, Student-t (3 d.f.,
 unit variance) and AR(1) (phi = 0.5, unit marginal variance) noise; level
@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,13 +51,11 @@ import numpy as np
 import numpy.typing as npt
 from river import drift, stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from monitor.config import DetectorSettings
+from monitor.core.load import LoadAdjuster
 from monitor.detect.bank import BankCusum
 from monitor.detect.base import Detections
-from monitor.load import LoadAdjuster
-from monitor.metrics import material_floors
+from monitor.indicators import material_floors
 
 F64 = npt.NDArray[np.float64]
 NOISES = ("gauss", "t3", "ar1")
@@ -815,7 +812,7 @@ def _scenario(sim: Any, frame_indicator: Any, metrics: tuple[str, ...]) -> dict[
     d = DetectorSettings()
     adjuster = LoadAdjuster(metrics, d.load_forget, d.load_min_support)
     # The daemon reports a change point only when it is material: at least the metric's
-    # absolute floor and relative share (monitor.metrics), in metric units.
+    # absolute floor and relative share (monitor.indicators), in metric units.
     floor_abs, floor_rel = material_floors(metrics)
     found: dict[str, list[tuple[int, int, float, float, bool]]] = {"raw": [], "load_aware": []}
     windows = 0
@@ -1187,7 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
             "Simulator scenarios (per-device MFU and stall streams of every layer; "
             "load_aware = y / the daemon's LoadAdjuster expectation; 'material' = alarms the "
             "daemon reports, "
-            "shift >= the metric's floors in monitor.metrics)",
+            "shift >= the metric's floors in monitor.indicators)",
             [
                 "scenario",
                 "input",

@@ -1,6 +1,6 @@
 """Diagnosis quality over the simulator's scenario pack: incidents, stages, rollbacks, delay.
 
-    python bench/diagnose.py --json out/bench/diagnose.json [--devices 128] [--scenario NAME]
+    python -m bench.diagnose --json out/bench/diagnose.json [--devices 128] [--scenario NAME]
         [--late-join SHARE@FRACTION] [--param NAME=VALUE ...]
 
 Each scenario runs in process (simulator → pipeline, no broker) with its labels
@@ -21,28 +21,24 @@ import asyncio
 import json
 import math
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# bench/sim.py would shadow the `sim` package when this script's folder leads sys.path.
-sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(__file__).resolve().parent]
+from pydantic import ValidationError
 
-from pydantic import ValidationError  # noqa: E402
-
-from monitor.app import Runner  # noqa: E402
-from monitor.cli import detector_param  # noqa: E402
-from monitor.config import DetectorSettings, Settings, first_error  # noqa: E402
-from monitor.pipeline import Pipeline  # noqa: E402
-from monitor.sinks.memory import ListSink  # noqa: E402
-from monitor.sources.base import RawMessage  # noqa: E402
-from monitor.sources.simulated import SimulatorSource  # noqa: E402
-from monitor.wire import Alert  # noqa: E402
-from sim.run import simulate  # noqa: E402
-from sim.scenarios import SCENARIOS  # noqa: E402
+from monitor.cli import detector_param
+from monitor.config import DetectorSettings, Settings, first_error
+from monitor.core.pipeline import Pipeline
+from monitor.core.types import RawMessage
+from monitor.daemon.runner import Runner
+from monitor.sinks.memory import ListSink
+from monitor.sources.simulated import SimulatorSource
+from monitor.wire import Alert
+from sim.run import simulate
+from sim.scenarios import SCENARIOS
 
 PACK = [n for n in SCENARIOS if n not in ("dirty_stream",)]
 

@@ -1,6 +1,6 @@
 """Bank scores on ideal innovations: what a per-stream noise model could buy.
 
-    python bench/scores.py --json out/bench/scores.json [--streams 20000] [--windows 2000]
+    python -m bench.scores --json out/bench/scores.json [--streams 20000] [--windows 2000]
 
 Known level and scale (no baseline estimation, no AR), so only the per-window
 score differs: the engine's clipped, capped linear bank; a bank of Student-t3

@@ -1,6 +1,6 @@
 """`flopwatch detect` on the Turing Change Point Dataset: F1 and cover against its annotations.
 
-    python bench/tcpd.py --data PATH [--json out/bench/tcpd.json] [--param NAME=VALUE ...]
+    python -m bench.tcpd --data PATH [--json out/bench/tcpd.json] [--param NAME=VALUE ...]
 
 PATH is a checkout of https://github.com/alan-turing-institute/TCPD (or any folder holding
 its `annotations.json` and the datasets' `<name>.json` files; a few datasets are fetched by

@@ -19,6 +19,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from monitor.errors import ConfigError
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -69,29 +71,6 @@ class KafkaSettings(_Frozen):
     def input_topic(self) -> str:
         """The topic the group shares out: the samples, or their by-pool copy."""
         return self.topics.by_pool if self.repartition else self.topics.samples
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments shared by aiokafka consumers, producers and admin clients."""
-        kw: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers,
-            "client_id": self.client_id,
-            "security_protocol": self.security_protocol,
-        }
-        if self.security_protocol.startswith("SASL"):
-            kw["sasl_mechanism"] = self.sasl_mechanism
-            kw["sasl_plain_username"] = self.sasl_plain_username
-            if self.sasl_plain_password is not None:
-                kw["sasl_plain_password"] = self.sasl_plain_password.get_secret_value()
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            from aiokafka.helpers import create_ssl_context  # noqa: PLC0415 - only with TLS
-
-            kw["ssl_context"] = create_ssl_context(
-                cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
-                certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
-                keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
-                password=self.ssl_password.get_secret_value() if self.ssl_password else None,
-            )
-        return kw
 
 
 class DetectorSettings(_Frozen):
@@ -148,7 +127,7 @@ class DetectorSettings(_Frozen):
     @model_validator(mode="after")
     def _known_metrics(self) -> DetectorSettings:
         """Reject floors for metrics the daemon does not derive, and negative ones."""
-        from monitor.metrics import DEVICE_METRICS, LAYER_METRICS  # noqa: PLC0415
+        from monitor.indicators import DEVICE_METRICS, LAYER_METRICS  # noqa: PLC0415
 
         for name, floors in (("material_rel", self.material_rel),
                              ("material_abs", self.material_abs)):  # fmt: skip
@@ -266,10 +245,6 @@ class Settings(BaseSettings):
         """Flags over env over TOML file over defaults."""
         toml = TomlConfigSettingsSource(settings_cls, settings_cls.model_config.get("toml_file"))
         return (init_settings, env_settings, toml)
-
-
-class ConfigError(ValueError):
-    """The configuration file or environment is unusable; the message is one line."""
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from monitor.errors import DecodeError
+
 NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
 Unit = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Positive = Annotated[float, msgspec.Meta(gt=0.0)]
@@ -184,14 +186,6 @@ class Alert(msgspec.Struct, frozen=True):
     suggestion: Suggestion
     summary: str
     runbook: str
-
-
-class DecodeError(ValueError):
-    """A record that cannot be accepted; `reason` names the field and what was wrong."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.fleet import F64, I64, Fleet
+from monitor.arrays import F64, I64
+from sim.fleet import Fleet
 from sim.physics import Modifiers
 
 

@@ -5,15 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
+from monitor.arrays import F64, I64, Bools
 from monitor.hardware import DEFAULT_CATALOG, HardwareSpec
 from sim.traffic import TrafficSpec
 from sim.workloads import LAYER_TYPES, WORKLOADS, Workload
-
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-BoolA = npt.NDArray[np.bool_]
 
 DEVICES_PER_HOST = 8
 
@@ -207,13 +203,13 @@ class Fleet:
         self.eff_m: F64 = eff_m[pi]
         self.occupancy: F64 = occ[pi]
         self.sram_hit: F64 = hit[pi]
-        self.present: BoolA = present[pi]
+        self.present: Bools = present[pi]
         self.layer_counts: F64 = self.present.sum(axis=1).astype(np.float64)
         self.kernel_base: I64 = kern[pi]
         self.kernel_fallback: I64 = fb[pi]
         self.pool_present = present
         self.dev: dict[str, F64] = {k: np.asarray(v)[pi] for k, v in per_pool.items()}
-        self.is_train: BoolA = self.dev["train"] > 0.5
+        self.is_train: Bools = self.dev["train"] > 0.5
         self.allreduce_col = self.layers.index("allreduce") if "allreduce" in self.layers else -1
 
     def kernel_id(self, name: str) -> int:

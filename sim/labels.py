@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.fleet import F64, I64, Fleet
+from monitor.arrays import F64, I64
+from sim.fleet import Fleet
 from sim.physics import Frame, Physics
 
 if TYPE_CHECKING:

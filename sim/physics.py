@@ -13,7 +13,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from sim.fleet import F64, I64, BoolA, Fleet
+from monitor.arrays import F64, I64, Bools
+from sim.fleet import Fleet
 
 LAUNCH_S = 4e-6  # fixed cost per kernel launch (launch + tail effect)
 COLLECTIVE_LAT_S = 20e-6  # per collective call
@@ -121,7 +122,7 @@ class Frame:
 
     k: int
     ts: float
-    emit: BoolA  # (D,) devices that report this window
+    emit: Bools  # (D,) devices that report this window
     flops: F64
     busy_s: F64
     cycles: F64
@@ -146,7 +147,7 @@ class Frame:
     quality: F64
     errors: F64
     model_row: I64
-    in_burst: BoolA  # (D,) whether the device's pool is in a burst episode (ground truth)
+    in_burst: Bools  # (D,) whether the device's pool is in a burst episode (ground truth)
 
     def layer_samples(self, layers_per_device: F64) -> int:
         """Device x layer samples this frame carries (`layers_per_device`: Fleet.layer_counts)."""

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from monitor.arrays import I64
 from sim.faults import (
     Contention,
     Cooling,
@@ -19,7 +20,7 @@ from sim.faults import (
     ModelDeploy,
     Tiling,
 )
-from sim.fleet import I64, Fleet, PoolSpec
+from sim.fleet import Fleet, PoolSpec
 from sim.physics import NoiseSpec
 from sim.traffic import Burst, TrafficSpec, random_bursts
 

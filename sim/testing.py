@@ -6,15 +6,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
+from monitor.arrays import F64
 from monitor.hardware import Catalog
 from monitor.wire import Codec, Layer, WindowRecord
 from sim.run import Simulation
 
 CATALOG = Catalog()
 CODEC = Codec()
-F64 = npt.NDArray[np.float64]
 
 
 @dataclass

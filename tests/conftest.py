@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from monitor.embedded import BrokerError, EmbeddedBroker, free_port
+from monitor.daemon.embedded import EmbeddedBroker, free_port
+from monitor.errors import BrokerError
 
 
 @pytest.fixture(autouse=True)

@@ -12,16 +12,16 @@ import pytest
 from kafka_helpers import isolated_settings
 from prometheus_client import CollectorRegistry
 
-from monitor.app import Runner
 from monitor.checkpoint import Checkpointer, CheckpointStore
 from monitor.config import Settings
-from monitor.embedded import EmbeddedBroker
-from monitor.http import HttpServer
-from monitor.pipeline import Pipeline
-from monitor.repartition import Repartitioner
+from monitor.core.pipeline import Pipeline
+from monitor.daemon.embedded import EmbeddedBroker
+from monitor.daemon.http import HttpServer
+from monitor.daemon.prometheus import register_metrics
+from monitor.daemon.repartition import Repartitioner
+from monitor.daemon.runner import Runner
 from monitor.sinks.memory import ListSink
 from monitor.sources.kafka import KafkaSource
-from monitor.telemetry import register_metrics
 
 DEVICES = 32
 # The broker holds a departed member's partitions until its session times out, so a
@@ -62,6 +62,7 @@ class Daemon:
         await store.start()
         self.checkpointer = Checkpointer(self.source, self.pipeline, store,
                                          self.settings.checkpoint, clock=self.clock)  # fmt: skip
+        self.source.hooks = self.checkpointer
         self.runner = Runner(self.source, self.pipeline, [self.sink],
                              checkpointer=self.checkpointer)  # fmt: skip
         if http:

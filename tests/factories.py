@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.sources.base import RawMessage
+from monitor.core.types import RawMessage
 
 T0 = 1_764_432_000.0
 PEAK = 989.4e12  # h100-sxm bf16 dense

@@ -20,9 +20,9 @@ from typing import Any
 
 import msgspec
 
-from monitor.app import Runner
 from monitor.config import Settings
-from monitor.pipeline import Pipeline, _adjusters
+from monitor.core.pipeline import Pipeline, _adjusters
+from monitor.daemon.runner import Runner
 from monitor.sinks.memory import ListSink
 from monitor.sources.simulated import SimulatorSource
 from sim.run import simulate

@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 from aiokafka import AIOKafkaProducer
 from conftest import Kcat
 
-from monitor.app import Runner
 from monitor.config import KafkaSettings, Settings, Topics
-from monitor.embedded import EmbeddedBroker, ensure_topics
-from monitor.pipeline import Pipeline
+from monitor.core.pipeline import Pipeline
+from monitor.core.types import RawMessage
+from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
+from monitor.daemon.runner import Runner
 from monitor.sinks.kafka import KafkaSink
-from monitor.sources.base import RawMessage
 from monitor.sources.kafka import KafkaSource
 
 

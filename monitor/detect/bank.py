@@ -81,11 +81,10 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from monitor.arrays import F32, F64, I32, I64
 from monitor.detect import _blob
-from monitor.detect.base import F64, I64, Detections
+from monitor.detect.base import Detections
 
-F32 = npt.NDArray[np.float32]
-I32 = npt.NDArray[np.int32]
 _MAD_TO_SIGMA = 1.4826
 _N_MAX = 1 << 30  # saturating sample counter
 _EPS32 = np.float32(1e-12)

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
+from monitor.arrays import F64, I64
 
 
 @dataclass(frozen=True, slots=True)

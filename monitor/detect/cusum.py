@@ -13,7 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from monitor.detect.base import F64, I64, Detections
+from monitor.arrays import F64, I64
+from monitor.detect.base import Detections
 
 _MAD_TO_SIGMA = 1.4826
 

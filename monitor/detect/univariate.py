@@ -16,22 +16,15 @@ from typing import TextIO
 
 import numpy as np
 
-from monitor.detect import DEFAULT_KIND, make_detector
 from monitor.detect.base import Detector
+from monitor.detect.factory import DEFAULT_KIND, make_detector
+from monitor.errors import ParseError
 
 _ROW = np.zeros(1, dtype=np.int64)
 
 
 # The engine keeps recent samples as float32: a larger magnitude would be stored as inf.
 _MAX_ABS = float(np.finfo(np.float32).max)
-
-
-class ParseError(ValueError):
-    """A line that is neither empty nor a number the engine can hold."""
-
-    def __init__(self, lineno: int, text: str, why: str = "expected a number") -> None:
-        super().__init__(f"line {lineno}: {why}, got {text!r}")
-        self.lineno, self.text = lineno, text
 
 
 def parse_line(lineno: int, line: str) -> float:

@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from monitor.config import AlertmanagerSettings
-from monitor.logging import get_logger
+from monitor.errors import AlertmanagerError
+from monitor.log import get_logger
 from monitor.wire import Alert
 
 ALERTNAME = "FlopwatchRegression"
@@ -80,10 +81,6 @@ def to_postable(
     if external_url:
         body["generatorURL"] = f"{external_url.rstrip('/')}/alerts/{a.id}"
     return body
-
-
-class AlertmanagerError(RuntimeError):
-    """An instance refused or could not be reached."""
 
 
 class AlertmanagerSink:

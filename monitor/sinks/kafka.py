@@ -9,8 +9,9 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from monitor.config import KafkaSettings
-from monitor.pipeline import DeadLetter
-from monitor.sinks.files import alert_line
+from monitor.core.types import DeadLetter
+from monitor.kafka_client import client_kwargs
+from monitor.sinks.jsonl import alert_line
 from monitor.wire import Alert
 
 _enc = msgspec.json.Encoder(order="deterministic")
@@ -36,7 +37,7 @@ class KafkaSink:
 
     def __init__(self, kafka: KafkaSettings) -> None:
         self.kafka = kafka
-        self.producer = AIOKafkaProducer(**kafka.client_kwargs(), acks="all", linger_ms=5)
+        self.producer = AIOKafkaProducer(**client_kwargs(kafka), acks="all", linger_ms=5)
 
     async def start(self) -> None:
         """Connect."""

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Protocol
 
-
-@dataclass(frozen=True, slots=True)
-class RawMessage:
-    """One undecoded record and where it came from (offset -1 when not from Kafka)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
+from monitor.core.types import RawMessage
 
 
 class Source(Protocol):

@@ -36,8 +36,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from monitor.config import KafkaSettings
-from monitor.logging import get_logger
-from monitor.sources.base import RawMessage
+from monitor.core.types import RawMessage
+from monitor.kafka_client import client_kwargs
+from monitor.log import get_logger
 
 
 class RebalanceHooks(Protocol):
@@ -89,7 +90,7 @@ class KafkaSource:
         # `consumer_options`: extra aiokafka arguments, e.g. the short session timeouts
         # that let tests restart a group member in about a second.
         self.consumer = AIOKafkaConsumer(
-            **kafka.client_kwargs(),
+            **client_kwargs(kafka),
             group_id=kafka.group_id,
             enable_auto_commit=False,
             auto_offset_reset=kafka.auto_offset_reset,
@@ -99,7 +100,7 @@ class KafkaSource:
         # beginning on every start; the advisor drops duplicates and events past its
         # look-back).
         self.changes_consumer = AIOKafkaConsumer(
-            **kafka.client_kwargs(), group_id=None, enable_auto_commit=False,
+            **client_kwargs(kafka), group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest",
         )  # fmt: skip
         self._early_changes: list[RawMessage] = []

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from monitor.config import Topics
-from monitor.sources.base import RawMessage
+from monitor.core.types import RawMessage
 
 if TYPE_CHECKING:
     from sim.run import Simulation

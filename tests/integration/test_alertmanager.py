@@ -6,7 +6,7 @@ from conftest import Alertmanager
 from factories import fleet
 
 from monitor.config import AlertmanagerSettings, Settings
-from monitor.pipeline import Pipeline
+from monitor.core.pipeline import Pipeline
 from monitor.sinks.alertmanager import AlertmanagerSink, labels_of
 from monitor.wire import Alert
 

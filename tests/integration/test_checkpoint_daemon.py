@@ -12,9 +12,9 @@ from kafka_helpers import produce
 from structlog.testing import capture_logs
 
 from monitor.config import Settings
-from monitor.detect import BankCusum
-from monitor.embedded import EmbeddedBroker, ensure_topics
-from monitor.pipeline import Pipeline
+from monitor.core.pipeline import Pipeline
+from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
+from monitor.detect.bank import BankCusum
 from monitor.sources.kafka import KafkaSource
 from monitor.wire import Alert
 

@@ -17,7 +17,7 @@ from factories import fleet
 from kafka_helpers import isolated_settings, kcat_read, produce
 
 from monitor.config import Settings
-from monitor.embedded import EmbeddedBroker, ensure_topics
+from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from conftest import Kcat
 from kafka_helpers import kcat_read, run_daemon
 
 from monitor.config import KafkaSettings, Settings, Topics
-from monitor.embedded import EmbeddedBroker
+from monitor.daemon.embedded import EmbeddedBroker
 from sim.kafka import produce
 from sim.run import simulate
 
@@ -74,3 +74,30 @@ def test_flopwatch_up_prints_the_alert_and_exits() -> None:
     assert "pool train-a" in firing[-1]
     assert "rollback chg-" in firing[-1]
     assert "train-b" not in out.stdout
+
+
+def test_flopwatch_up_honours_sinks_and_repartition(tmp_path) -> None:
+    """`up` is `run`'s daemon: `[sinks]` and `kafka.repartition` apply to it as well.
+
+    With repartition on, the group reads the by-pool copy, so an alert proves the copy
+    stage ran; the JSONL sink receives it and console output is off as configured.
+    """
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    jsonl = tmp_path / "alerts.jsonl"
+    env = {**os.environ, "FLOPWATCH_KAFKA__REPARTITION": "true",
+           "FLOPWATCH_SINKS__JSONL_PATH": str(jsonl), "FLOPWATCH_SINKS__CONSOLE": "false"}
+    out = subprocess.run(
+        [sys.executable, "-m", "monitor", "up", "--devices", "64", "--speed", "max",
+         "--sim-duration", "15m", "--log-format", "json"],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "re-keyed by pool" in out.stderr
+    assert not [line for line in out.stdout.splitlines() if line.startswith("[FIRING")]
+    alerts = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    firing = [a for a in alerts if a["status"] == "firing"]
+    assert firing, out.stderr[-2000:]
+    assert firing[-1]["scope"]["pool"] == "train-a"
+    assert firing[-1]["suggestion"]["action"] == "rollback"

@@ -20,7 +20,7 @@ from factories import fleet, msg
 from kafka_helpers import isolated_settings, produce
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.embedded import EmbeddedBroker, ensure_topics, free_port
+from monitor.daemon.embedded import EmbeddedBroker, ensure_topics, free_port
 
 pytestmark = pytest.mark.integration
 

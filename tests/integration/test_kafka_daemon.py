@@ -13,7 +13,7 @@ from factories import fleet, msg
 from kafka_helpers import isolated_settings, kcat_read, run_daemon
 
 from monitor.config import KafkaSettings, Topics
-from monitor.embedded import EmbeddedBroker, ensure_topics
+from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ from kafka_helpers import isolated_settings, produce
 from prometheus_client import CollectorRegistry
 
 from monitor.config import Settings
-from monitor.embedded import EmbeddedBroker, ensure_topics
-from monitor.pipeline import owner_partition
-from monitor.sources.base import RawMessage
-from monitor.telemetry import register_metrics
+from monitor.core.pipeline import owner_partition
+from monitor.core.types import RawMessage
+from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
+from monitor.daemon.prometheus import register_metrics
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ def _flopwatch(*args: str, stdin: str | None = None, env: dict[str, str] | None 
         (["frobnicate"], "invalid choice"),
         (["replay", "x.jsonl", "--bogus"], "unrecognized arguments"),
         (["up", "--scenario", "no_such_scenario"], "unknown scenario"),
-        (["up", "--speed", "fast"], "invalid speed"),
+        (["up", "--speed", "slow"], "bad speed"),
         (["up", "--duration", "0s"], "duration must be > 0"),
         (["record", "--out", "x.txt"], "error"),
         (["config", "--config", "/nonexistent.toml"], "config file not found"),
@@ -217,7 +217,7 @@ def test_detect_uses_the_configured_engine(
 def test_unreachable_kafka_is_one_line_exit_2(monkeypatch, capsys) -> None:
     """`flopwatch run` against a port where no broker listens: one line naming the address,
     exit 2, no traceback and no unclosed-client warnings (filterwarnings=error)."""
-    from monitor.embedded import free_port  # noqa: PLC0415
+    from monitor.daemon.embedded import free_port  # noqa: PLC0415
 
     where = f"127.0.0.1:{free_port()}"
     monkeypatch.setenv("FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS", where)
@@ -226,3 +226,12 @@ def test_unreachable_kafka_is_one_line_exit_2(monkeypatch, capsys) -> None:
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert f"cannot start against Kafka at {where}" in err
+
+
+def test_up_and_sim_share_one_duration_and_speed_grammar() -> None:
+    """`up --speed 10x --sim-duration 1d` parses as `sim` does (one parser for both)."""
+    from monitor.cli import build_parser  # noqa: PLC0415
+
+    args = build_parser().parse_args(["up", "--speed", "10x", "--sim-duration", "1d"])
+    assert (args.speed, args.sim_duration) == (10.0, 86400.0)
+    assert build_parser().parse_args(["up", "--speed", "max"]).speed is None

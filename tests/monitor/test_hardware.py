@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from monitor.config import Settings
+from monitor.core.pipeline import catalog_from
 from monitor.hardware import DEFAULT_CATALOG, Catalog
-from monitor.pipeline import catalog_from
 
 
 def test_every_entry_has_bf16_peak_bandwidth_and_source() -> None:

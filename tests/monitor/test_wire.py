@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.wire import Alert, Codec, DecodeError, WindowRecord, json_schemas
+from monitor.errors import DecodeError
+from monitor.wire import Alert, Codec, WindowRecord, json_schemas
 
 GOOD = {
     "v": 1, "ts": 1764432010.0, "window_s": 10.0, "device": "node-017/gpu3",

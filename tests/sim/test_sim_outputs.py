@@ -15,8 +15,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from monitor.wire import Codec, DecodeError
-from sim.cli import add_arguments, main, parse_duration, parse_speed
+from monitor.errors import DecodeError
+from monitor.units import parse_duration, parse_speed
+from monitor.wire import Codec
+from sim.cli import add_arguments, main
 from sim.kafka import produce
 from sim.run import Simulation, simulate
 from sim.testing import Decoded

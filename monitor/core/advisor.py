@@ -1,0 +1,118 @@
+"""Advisor (pure): joins change events to incidents and proposes one bounded, reversible step.
+
+A change explains an incident when its scope covers the affected devices, it
+landed no later than the first affected window (onset + one window: the onset
+estimate is the end of the last healthy window) and within the look-back, and
+its kind fits the first failing stage. It never proposes a change that landed
+after that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from monitor.core.correlator import Incident
+from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
+
+# Which first-failing stages a kind of change can explain. A compiler picks kernels and
+# also tiles them, so it explains lowering and scheduling failures alike.
+KIND_STAGES: dict[str, frozenset[Stage]] = {
+    "kernel_lib": frozenset({"lowering"}),
+    "compiler": frozenset({"lowering", "scheduling"}),
+    "scheduler_config": frozenset({"scheduling"}),
+    "driver": frozenset({"execution"}),
+    "firmware": frozenset({"execution"}),
+    "traffic_policy": frozenset({"ingress"}),
+    "model": frozenset({"validation"}),
+}
+
+NEXT_STEP: dict[str, tuple[str, str]] = {
+    "kernel_selection": ("mitigate", "pin the previous kernel variant for the affected layers"),
+    "memory_locality": ("investigate", "compare tiling and memory placement against the baseline "
+                        "artifact; revert the placement policy for one host first"),
+    "synchronisation": ("investigate", "drain and re-test the slowest host's interconnect; "
+                        "check collective message sizes"),
+    "thermal_power": ("mitigate", "cordon the throttling devices and check cooling and power caps"),
+    "contention": ("investigate", "inspect queueing and fairness policy under burst load"),
+    "ingress": ("mitigate", "shed or re-route burst traffic; cap batch size at the previous level"),
+    "overload": ("mitigate", "scale out the pool or shed / re-route load until the queue "
+                 "drains; offered load exceeds the pool's capacity"),
+    "quality": ("investigate", "run the full regression matrix against the previous model"),
+    "unclassified": ("investigate", "align counters with a profile of one affected device"),
+}  # fmt: skip
+
+
+@dataclass
+class Advisor:
+    """Holds recent change events and matches them to incidents."""
+
+    lookback_s: float = 6 * 3600.0
+    changes: list[ChangeEvent] = field(default_factory=list)
+
+    def add_change(self, ev: ChangeEvent) -> None:
+        """Remember a change event (ignores a repeat of the same id)."""
+        if all(c.id != ev.id for c in self.changes):
+            self.changes.append(ev)
+            self.changes.sort(key=lambda c: (c.ts, c.id))
+
+    def prune(self, now_ts: float) -> None:
+        """Forget changes older than twice the look-back."""
+        self.changes = [c for c in self.changes if now_ts - c.ts <= 2 * self.lookback_s]
+
+    def candidates(self, inc: Incident, stage: Stage, level: str = "pool") -> list[ChangeEvent]:
+        """Changes that may explain the incident, most recent first."""
+        latest = inc.onset_ts + inc.window_s
+        out = [
+            c
+            for c in self.changes
+            if inc.onset_ts - self.lookback_s <= c.ts <= latest
+            and _covers(c.scope, inc, level)
+            and stage in KIND_STAGES.get(c.kind, frozenset())
+        ]
+        return sorted(out, key=lambda c: (c.ts, c.id), reverse=True)
+
+    def suggest(
+        self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str, level: str = "pool"
+    ) -> Suggestion:
+        """A rollback when a fitting change exists, else the next bounded step (a hypothesis)."""
+        found = self.candidates(inc, stage, level)
+        if found:
+            ch = found[0]
+            # Closer to the onset and alone in its window -> more likely the cause.
+            confidence = 0.8 if len(found) == 1 else 0.6
+            return Suggestion(
+                action="rollback",
+                change_id=ch.id,
+                kind=ch.kind,
+                from_=ch.to,
+                to=ch.from_,
+                scope=ch.scope,
+                guardrail=guardrail,
+                confidence=confidence,
+            )
+        action, step = NEXT_STEP.get(bottleneck, NEXT_STEP["unclassified"])
+        return Suggestion(
+            action="mitigate" if action == "mitigate" else "investigate",
+            guardrail=f"hypothesis: {step}; {guardrail}",
+            confidence=0.3,
+            scope=ChangeScope(pool=inc.pool, model=inc.model),
+        )
+
+
+def _covers(scope: ChangeScope, inc: Incident, level: str) -> bool:
+    """The change reached the affected devices, and its reach fits the incident's.
+
+    A change rolled out to a whole pool that hurt only one host or a few devices is
+    an unlikely cause: it would have hurt the pool. Host- or device-scoped changes
+    can explain narrow incidents.
+    """
+    if scope.pool is not None and scope.pool != inc.pool:
+        return False
+    broad = scope.host is None and scope.device is None
+    if broad and level in ("device", "host"):
+        return False
+    if scope.model is not None and scope.model != inc.model:
+        return False
+    if scope.host is not None and not inc.hosts <= {scope.host}:
+        return False
+    return scope.device is None or inc.devices <= {scope.device}

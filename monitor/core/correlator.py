@@ -1,0 +1,479 @@
+"""Incident correlator (pure, no I/O): change points -> incidents.
+
+Change points of the same pool and model whose onsets lie within
+`group_window_s` of each other form one incident. The incident's first failing
+stage is the stage whose evidence changed earliest (median onset over its
+devices; ties within half a window go upstream, contract §3), and its scope
+widens from device to host to pool as more of the pool's devices join.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from statistics import median
+
+from monitor.indicators import (
+    BAD_DIRECTION,
+    CORROBORATING,
+    LOAD_FOLLOWING,
+    LOAD_METRICS,
+    PRIMARY_METRICS,
+    PRIMARY_ORDER,
+    QUEUEING,
+)
+from monitor.wire import STAGES, Stage
+
+# How far before an incident's onset a cause may show (windows), and on what share of
+# the incident's devices an indicator must move to count as its evidence.
+LEAD_WINDOWS = 6
+# Device field of change points found on (pool, model, layer) aggregates, not on a device.
+AGGREGATE = "pool:"
+SUPPORT_SHARE = 0.25
+# A multi-device incident confirms on this share of its pool, or on hosts most of whose
+# devices moved.
+CLUSTER_SHARE = 0.25
+# Offered load this far above the pool's recent level makes a queueing-only incident
+# overload: the pool lacks capacity for the traffic, nothing regressed.
+OVERLOAD_RATIO = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePoint:
+    """One detected change on one stream, with the metadata needed to group it."""
+
+    device: str
+    host: str | None
+    pool: str | None
+    model: str | None
+    layer: str | None  # None for device-level metrics
+    metric: str
+    stage: Stage
+    onset_ts: float
+    detected_ts: float
+    before: float
+    after: float
+    score: float
+    window_s: float
+    row: int = -1  # stream row of the metric (layer row or device row) in its partition
+    partition: int = 0
+    norm_before: float = math.nan  # levels as the detector saw them (load-normalised)
+    norm_after: float = math.nan
+
+    @property
+    def is_aggregate(self) -> bool:
+        """Found on a pool aggregate rather than on one device."""
+        return self.device.startswith(AGGREGATE)
+
+    @property
+    def is_regression(self) -> bool:
+        """True when the change goes in the metric's bad direction."""
+        sign = BAD_DIRECTION.get(self.metric, 0)
+        return sign != 0 and (self.after - self.before) * sign > 0
+
+
+@dataclass(slots=True)
+class Incident:
+    """A set of related regressions on one pool/model, growing while it fires."""
+
+    pool: str | None
+    model: str | None
+    anchor_ts: float  # onset of the first point: the grouping anchor, never moves
+    detected_ts: float
+    window_s: float
+    group_window_s: float = 300.0
+    points: list[ChangePoint] = field(default_factory=list)
+    evidence: list[ChangePoint] = field(default_factory=list)
+    status: str = "open"  # open | resolved
+    alert_id: str | None = None
+    emitted_devices: int = 0
+    emitted_level: str = ""
+    emitted_change: str | None = None
+    emitted_severity: str = ""  # of the last record sent ("" before the first)
+    healthy_windows: int = 0
+    bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
+    recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back
+    # Fleet scope: the same regression on several pools pages once, as the parent.
+    parent: Incident | None = None
+    children: list[Incident] = field(default_factory=list)
+
+    def merged(self) -> Incident:
+        """This incident with its fleet children folded in (pool unset; model if shared)."""
+        members = [self, *self.children]
+        models = {m.model for m in members}
+        view = Incident(
+            None,
+            models.pop() if len(models) == 1 else None,
+            self.anchor_ts,
+            min(m.detected_ts for m in members),
+            self.window_s,
+            self.group_window_s,
+            points=[p for m in members for p in m.points],
+            evidence=[e for m in members for e in m.evidence],
+            load=[e for m in members for e in m.load],
+        )
+        view.alert_id = self.alert_id
+        return view
+
+    @property
+    def pools(self) -> list[str]:
+        """Pools this incident spans (one, or several for a fleet incident)."""
+        return sorted({m.pool or "" for m in (self, *self.children)})
+
+    observed_ts: float = 0.0  # recovery is judged only on windows after this
+    last_ts: float = 0.0
+    # Offered-load shifts (LOAD_METRICS) of the pool around the onset: context, not evidence.
+    # An incident from an older checkpoint lacks it (`Correlator.fill_missing_fields`).
+    load: list[ChangePoint] = field(default_factory=list)
+    # The most devices its (pool, model) had while it was open. A model rollout moves the
+    # pool's devices to the new model, and judged against the old model's count (then 0),
+    # three noisy devices would confirm it and weigh as the whole pool.
+    pool_size: int = 0
+
+    def pool_devices(self, counts: Mapping[tuple[str | None, str | None], int]) -> int:
+        """Devices of its (pool, model) to judge it against: now, or the most seen while open."""
+        return max(counts.get((self.pool, self.model), 0), self.pool_size)
+
+    @property
+    def onset_ts(self) -> float:
+        """Estimated change time: median onset of the primary metric over its devices.
+
+        Only the first wave of points counts: the same regression showing again at the
+        next burst joins the incident but does not move when it began.
+        """
+        pts = self.primary_points()
+        first = [p.onset_ts for p in pts if p.onset_ts - self.anchor_ts <= self.group_window_s]
+        return float(median(first or [p.onset_ts for p in pts]))
+
+    @property
+    def devices(self) -> set[str]:
+        """Devices whose primary metric regressed."""
+        return {p.device for p in self.points}
+
+    @property
+    def hosts(self) -> set[str]:
+        """Hosts of those devices."""
+        return {p.host for p in self.points if p.host}
+
+    @property
+    def primary_metric(self) -> str:
+        """The most telling metric (PRIMARY_ORDER) among those that moved on at least half as
+        many devices as the widest one; a lone noisy MFU point never outranks a host-wide
+        device-MFU drop."""
+        devices: dict[str, set[str]] = {}
+        for p in self.points:
+            devices.setdefault(p.metric, set()).add(p.device)
+        widest = max(len(d) for d in devices.values())
+        return next(m for m in PRIMARY_ORDER if len(devices.get(m, ())) * 2 >= widest)
+
+    def primary_points(self) -> list[ChangePoint]:
+        """The points of the primary metric."""
+        m = self.primary_metric
+        return [p for p in self.points if p.metric == m]
+
+    def _layer_devices(self) -> dict[str | None, set[str]]:
+        by_layer: dict[str | None, set[str]] = {}
+        for p in self.primary_points():
+            by_layer.setdefault(p.layer, set()).add(p.device)
+        return by_layer
+
+    @staticmethod
+    def _headline(by_layer: dict[str | None, set[str]]) -> str | None:
+        return max(by_layer, key=lambda k: (len(by_layer[k]), k or ""))
+
+    def headline_points(self) -> list[ChangePoint]:
+        """Primary-metric points on the layer most devices moved on: levels are quoted
+        per layer (mixing attention's and norm's MFU in one median means nothing)."""
+        top = self._headline(self._layer_devices())
+        return [p for p in self.primary_points() if p.layer == top]
+
+    @property
+    def layers(self) -> list[str]:
+        """Layer types whose primary metric regressed on at least half as many devices as
+        the headline layer, headline first."""
+        by_layer = self._layer_devices()
+        top = self._headline(by_layer)
+        rest = sorted(
+            k for k, d in by_layer.items() if k and k != top and 2 * len(d) >= len(by_layer[top])
+        )
+        return [top, *rest] if top else rest
+
+    def supporting(self) -> dict[tuple[Stage, str, str | None], list[ChangePoint]]:
+        """The indicators that moved with this incident, grouped by (stage, metric, layer).
+
+        Only the incident's own devices count, only changes that began at most
+        `LEAD_WINDOWS` before its onset (causes precede effects, but not by much),
+        and only indicators that moved on enough of those devices: one noisy
+        device must not decide where a pool-wide incident started.
+        """
+        devices = self.devices
+        onset = self.onset_ts
+        lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
+        groups: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
+        for p in (*self.points, *self.evidence):
+            if p.device in devices and lo <= p.onset_ts <= hi:
+                groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
+        need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
+        return {k: v for k, v in groups.items() if len({p.device for p in v}) >= need}
+
+    def load_ratio(self) -> float:
+        """Offered load at the onset vs the pool's recent level (1.0 when it did not shift).
+
+        Per device (and per pool aggregate), the latest request-rate shift that began within
+        the grouping window before the onset (or up to two windows after it): its level
+        after over before. The median over them; a burst that already ended counts down.
+        """
+        onset = self.onset_ts
+        lo, hi = onset - self.group_window_s, onset + 2 * self.window_s
+        latest: dict[str, ChangePoint] = {}
+        for p in sorted(self.load, key=lambda q: q.onset_ts):
+            if lo <= p.onset_ts <= hi and p.before > 0:
+                latest[p.device] = p
+        if not latest:
+            return 1.0
+        return float(median(p.after / p.before for p in latest.values()))
+
+    def first_failing_stage(self) -> Stage:
+        """Most upstream stage among those whose indicators changed first."""
+        onsets: dict[Stage, float] = {}
+        for (stage, _, _), pts in self.supporting().items():
+            t = median(p.onset_ts for p in pts)
+            onsets[stage] = min(onsets.get(stage, t), t)
+        if not onsets:
+            return self.points[0].stage
+        earliest = min(onsets.values())
+        tie = self.window_s / 2
+        return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
+
+    def confirmed_at(
+        self,
+        pool_devices: int,
+        min_devices: int,
+        min_fraction: float,
+        host_sizes: Mapping[str | None, int] | None = None,
+    ) -> float | None:
+        """When it became corroborated enough to page (event time), or None if not yet.
+
+        Enough devices moved, or a second mechanism moved on the same device at the
+        same time: one noisy device is the commonest false page in a fleet, while a
+        real single-device fault (thermal, a bad link) shows a second indicator.
+        "Enough devices" also means a real share of the pool, or most of the devices of
+        some hosts (a bad host, a partial rollout): a handful scattered over the pool,
+        or a third of one host, is what correlated noise looks like.
+        """
+        sizes = host_sizes or {}
+        points = self.primary_points()
+        first_seen: dict[str, tuple[float, str | None]] = {}
+        for p in sorted(points, key=lambda q: q.detected_ts):
+            first_seen.setdefault(p.device, (p.detected_ts, p.host))
+        need = max(min_devices, math.ceil(min_fraction * pool_devices))
+        by_devices = math.inf
+        per_host: dict[str | None, int] = {}
+        for n, (t, host) in enumerate(sorted(first_seen.values(), key=lambda x: x[0]), 1):
+            per_host[host] = per_host.get(host, 0) + 1
+            clustered = sum(
+                k for h, k in per_host.items() if h is not None and 2 * k >= sizes.get(h, 1 << 30)
+            )
+            if n >= need and (n >= CLUSTER_SHARE * pool_devices or clustered >= need):
+                by_devices = t
+                break
+        near = 2 * self.window_s
+        onsets = {p.device: p.onset_ts for p in points}
+        by_mechanism = min(
+            (
+                max(e.detected_ts, first_seen[e.device][0])
+                for e in self.evidence
+                if e.metric in CORROBORATING
+                and e.device in onsets
+                and abs(e.onset_ts - onsets[e.device]) <= near
+            ),
+            default=math.inf,
+        )
+        # Enough devices, and the pool aggregate of the same metric moved with them: the
+        # pool shifted, even if the devices are too few or too scattered to say so alone.
+        metric = self.primary_metric
+        layers: set[str | None] = set(self.layers) or {None}
+        first = min(t for t, _ in first_seen.values())
+        by_aggregate = min(
+            (
+                max(e.detected_ts, first)
+                for e in self.evidence
+                if e.is_aggregate
+                and e.metric == metric
+                and e.layer in layers
+                and abs(e.onset_ts - self.onset_ts) <= near
+            ),
+            default=math.inf,
+        )
+        if len(first_seen) < need:
+            by_aggregate = math.inf
+        when = min(by_devices, by_mechanism, by_aggregate)
+        return None if when == math.inf else when
+
+    def scope_level(self, pool_devices: int, pool_fraction: float) -> str:
+        """device, host or pool, from how many of the pool's devices moved.
+
+        `pool` once `pool_fraction` of the pool moved; `host` when the devices share
+        one host; otherwise `device` (one device, or a few scattered ones: naming the
+        devices is the honest scope).
+        """
+        n = len(self.devices)
+        if pool_devices > 0 and n >= max(2, pool_fraction * pool_devices):
+            return "pool"
+        if n > 1 and len(self.hosts) == 1:
+            return "host"
+        return "device"
+
+
+class Correlator:
+    """Groups change points into incidents; evidence may arrive before or after its incident."""
+
+    def __init__(self, group_window_s: float = 300.0) -> None:
+        self.group_window_s = group_window_s
+        self.incidents: list[Incident] = []
+        self._recent: list[ChangePoint] = []  # non-primary evidence waiting for an incident
+
+    def add(
+        self,
+        points: list[ChangePoint],
+        now_ts: float,
+        pool_sizes: Mapping[tuple[str | None, str | None], int] | None = None,
+    ) -> list[Incident]:
+        """Fold new change points in; return the incidents that changed."""
+        sizes = pool_sizes or {}
+        touched: dict[int, Incident] = {}
+
+        def opens(p: ChangePoint) -> bool:
+            return p.metric in PRIMARY_METRICS and p.is_regression and not p.is_aggregate
+
+        primary = [p for p in points if opens(p)]
+        other = [p for p in points if not opens(p)]
+        for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):
+            inc = self._match(p, sizes.get((p.pool, p.model), 0))
+            if inc is None:
+                inc = Incident(
+                    p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s, self.group_window_s
+                )
+                self.incidents.append(inc)
+                for e in self._recent:
+                    if self._fits(inc, e):
+                        (inc.load if e.metric in LOAD_METRICS else inc.evidence).append(e)
+            inc.points.append(p)
+            touched[id(inc)] = inc
+        for e in other:
+            if e.metric in LOAD_METRICS:
+                for inc in self.incidents:
+                    if inc.status == "open" and self._fits(inc, e):
+                        inc.load.append(e)
+                self._recent.append(e)
+                continue
+            if not e.is_regression:
+                self._note_recovery(e)
+                continue
+            homes = [i for i in self.incidents if i.status == "open" and self._fits(i, e)]
+            for inc in homes:
+                inc.evidence.append(e)
+                touched[id(inc)] = inc
+            self._recent.append(e)
+        for inc in self.incidents:
+            if inc.status == "open":
+                inc.pool_size = max(inc.pool_size, sizes.get((inc.pool, inc.model), 0))
+        horizon = now_ts - 2 * self.group_window_s
+        self._recent = [e for e in self._recent if e.detected_ts >= horizon]
+        return list(touched.values())
+
+    def _note_recovery(self, p: ChangePoint) -> None:
+        """A primary metric stepping back up on a paged incident's device: a fix showing."""
+        for inc in self.incidents:
+            if inc.status != "open" or inc.alert_id is None or p.metric != inc.primary_metric:
+                continue
+            if any(q.device == p.device and q.layer == p.layer for q in inc.primary_points()):
+                inc.recovered.add(p.device)
+
+    def _fits(self, inc: Incident, p: ChangePoint) -> bool:
+        return (
+            inc.pool == p.pool
+            and inc.model == p.model
+            and abs(p.onset_ts - inc.anchor_ts) <= self.group_window_s
+        )
+
+    def _match(self, p: ChangePoint, pool_size: int) -> Incident | None:
+        # A paged incident that has not resolved is still going on: its metric on the
+        # same layer moving again (a burst-only regression at the next burst) is that
+        # incident, however long after its onset, on one of its devices or, for a
+        # pool-wide incident, anywhere in the pool.
+        for inc in self.incidents:
+            if inc.status != "open" or inc.alert_id is None:
+                continue
+            if inc.pool != p.pool or inc.model != p.model:
+                continue
+            same = [q for q in inc.points if q.metric == p.metric and q.layer == p.layer]
+            if not same:
+                continue
+            pool_wide = pool_size > 0 and 2 * len(inc.devices) >= pool_size
+            if pool_wide or any(q.device == p.device for q in same):
+                return inc
+        for inc in self.incidents:
+            if inc.status == "open" and self._fits(inc, p):
+                return inc
+        return None
+
+    def fill_missing_fields(self) -> None:
+        """Give incidents unpickled from an older version the fields they lack (defaults).
+
+        A checkpoint written before a field existed restores without it; reading it would
+        raise and lose the partition's incidents.
+        """
+        todo = list(self.incidents)
+        while todo:
+            inc = todo.pop()
+            for f in fields(Incident):
+                if not hasattr(inc, f.name):
+                    factory = f.default_factory
+                    value = factory() if factory is not MISSING else f.default
+                    setattr(inc, f.name, value)
+            todo.extend(inc.children)
+
+    def drop_resolved(self, now_ts: float, keep_s: float) -> None:
+        """Forget resolved incidents older than keep_s, and never-paged ones gone stale."""
+        self.incidents = [
+            i
+            for i in self.incidents
+            if (i.status == "open" and (i.alert_id is not None or now_ts - i.anchor_ts <= keep_s))
+            or (i.status != "open" and now_ts - i.last_ts <= keep_s)
+        ]
+
+
+def bottleneck_class(stage: Stage, indicators: set[str], load_ratio: float = 1.0) -> str:
+    """Bottleneck class from the first failing stage and what moved (decision matrix).
+
+    Queueing moved, with nothing else but what follows load (heat, utilisation), while
+    offered load rose by `OVERLOAD_RATIO` or more: overload (pass the ratio only for an
+    incident whose primary metric is a queueing or load-following one).
+    """
+    if (
+        indicators & QUEUEING
+        and indicators <= QUEUEING | LOAD_FOLLOWING
+        and load_ratio >= OVERLOAD_RATIO
+    ):
+        return "overload"
+    if stage == "ingress":
+        return "ingress"
+    if stage == "lowering":
+        return "kernel_selection"
+    if stage == "scheduling":
+        return "memory_locality"
+    if stage == "validation" and "quality" in indicators:
+        return "quality"
+    if "sync_frac" in indicators:
+        return "synchronisation"
+    if "clock_mhz" in indicators and indicators & {"temp_c", "power_w"}:
+        return "thermal_power"
+    if "clock_mhz" in indicators:
+        return "thermal_power"
+    if "occupancy" in indicators or "stall_frac" in indicators:
+        return "memory_locality"
+    if indicators & {"lat_p95_ms", "lat_p99_ms", "queue_wait_ms"}:
+        return "contention"
+    return "unclassified"

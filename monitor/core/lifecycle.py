@@ -1,0 +1,362 @@
+"""Alert lifecycle: when an incident pages, updates and resolves, and its alert record.
+
+Ids are fingerprints of pool, model, primary metric, first failing stage and
+onset window taken when the incident first pages, so replays, restarts and
+replicas produce the same id for the same incident and never page twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from statistics import median
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from monitor.config import AlertSettings
+from monitor.core.advisor import Advisor
+from monitor.core.correlator import ChangePoint, Incident, bottleneck_class
+from monitor.indicators import (
+    BAD_DIRECTION,
+    DEVICE_METRICS,
+    LAYER_METRICS,
+    LOAD_FOLLOWING,
+    QUEUEING,
+)
+from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
+
+if TYPE_CHECKING:
+    from monitor.core.types import NormView
+
+PoolKey = tuple[str | None, str | None]
+# A healthy window counts towards resolving only at this share of the load seen while broken.
+LOAD_EVIDENCE = 0.8
+RUNBOOK = "docs/runbook.md#"
+_METRIC_WORDS = {"mfu": "MFU", "device_mfu": "device MFU", "stall_frac": "memory-stall fraction"}
+
+
+def fingerprint(*parts: object) -> str:
+    """Short stable id: 'fw-' + 12 hex of sha256 over the parts."""
+    h = hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()
+    return "fw-" + h[:12]
+
+
+# A rollout that hurts every pool at once shows on all of them within a minute (at 10 s
+# windows). The grouping window (5 minutes) is for one pool's devices; across pools it let
+# a host's sync contention on one pool join another pool's MFU drop 30 windows earlier, and
+# the fleet alert then hid the host incident (`fleet_day`, seed 6). A rollout staged pool by
+# pool pages per pool, each with its own change to roll back.
+FLEET_ONSET_WINDOWS = 6
+_RANK = {"info": 0, "ticket": 1, "page": 2}
+
+
+class AlertLifecycle:
+    """Decides when incidents emit alert records and renders them (contract §5)."""
+
+    def __init__(self, settings: AlertSettings, advisor: Advisor) -> None:
+        self.s = settings
+        self.advisor = advisor
+
+    def due(
+        self,
+        incidents: list[Incident],
+        now_ts: float,
+        pool_devices: dict[PoolKey, int],
+        host_sizes: Mapping[str | None, int] | None = None,
+    ) -> list[Alert]:
+        """Alerts to send now: first pages after settling, and growth updates."""
+        out: list[Alert] = []
+        sure_at: dict[int, float] = {}
+        for inc in incidents:
+            if inc.status == "open" and inc.alert_id is None:
+                n_pool = inc.pool_devices(pool_devices)
+                sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
+                if sure is not None:
+                    sure_at[id(inc)] = sure
+        self._link_fleet(incidents, sure_at)
+        for inc in incidents:
+            if inc.status != "open" or inc.parent is not None:
+                continue
+            fleet = bool(inc.children)
+            view, n_pool, level = self._view(inc, pool_devices)
+            n = len(view.devices)
+            first = inc.alert_id is None
+            if first:
+                if now_ts - inc.detected_ts < self.s.settle_windows * inc.window_s:
+                    continue
+                sure = min((sure_at[id(m)] for m in (inc, *inc.children) if id(m) in sure_at),
+                           default=None)  # fmt: skip
+                if sure is None:
+                    continue
+                inc.detected_ts = sure
+                stage = view.first_failing_stage()
+                inc.alert_id = view.alert_id = fingerprint(
+                    "fleet" if fleet else inc.pool, view.model, view.primary_metric, stage,
+                    int(view.onset_ts // inc.window_s),
+                )  # fmt: skip
+            view.detected_ts = inc.detected_ts
+            alert = self.render(view, now_ts, n_pool, "firing", level=level)
+            # Big growth re-sends at once; any other change in count at a calm pace.
+            grew = n >= inc.emitted_devices * (1 + self.s.update_growth) or (
+                n != inc.emitted_devices
+                and now_ts - inc.last_ts >= self.s.update_every_windows * inc.window_s
+            )
+            news = level != inc.emitted_level or alert.suggestion.change_id != inc.emitted_change
+            # A deeper drop on the same devices raises the severity without growth: a
+            # ticket that became a page must reach on-call now, not at the next growth.
+            worse = _RANK[alert.severity] > _RANK.get(inc.emitted_severity, -1)  # "": none yet
+            if not (first or grew or news or worse):
+                continue
+            inc.emitted_devices, inc.emitted_level, inc.last_ts = n, level, now_ts
+            inc.emitted_change = alert.suggestion.change_id
+            inc.emitted_severity = alert.severity
+            out.append(alert)
+        return out
+
+    def restate(
+        self, incidents: list[Incident], now_ts: float, pool_devices: dict[PoolKey, int]
+    ) -> list[Alert]:
+        """The current record of every open incident that has paged, as it stands now.
+
+        After a restore the sinks start empty: Alertmanager's would never re-post a page
+        it was not told about in this process, and Alertmanager resolves what is not
+        re-posted within its `resolve_timeout`, while the regression goes on.
+        """
+        out: list[Alert] = []
+        for inc in incidents:
+            if inc.status != "open" or inc.alert_id is None or inc.parent is not None:
+                continue
+            view, n_pool, level = self._view(inc, pool_devices)
+            view.detected_ts = inc.detected_ts
+            out.append(self.render(view, now_ts, n_pool, "firing", level=level))
+        return out
+
+    def _view(self, inc: Incident, pool_devices: dict[PoolKey, int]) -> tuple[Incident, int, str]:
+        """What an alert shows of a top-level incident: the incident (with its fleet
+        children folded in), the devices of its pools, and its scope level."""
+        if inc.children:
+            n_pool = sum(m.pool_devices(pool_devices) for m in (inc, *inc.children))
+            return inc.merged(), n_pool, "fleet"
+        n_pool = inc.pool_devices(pool_devices)
+        return inc, n_pool, inc.scope_level(n_pool, self.s.pool_fraction)
+
+    def _link_fleet(self, incidents: list[Incident], sure_at: dict[int, float]) -> None:
+        """Fold same-metric, same-layer incidents of different pools with close onsets into
+        one fleet incident (a driver or firmware rollout hits every pool at once)."""
+        live = [
+            i for i in incidents
+            if i.status == "open" and i.parent is None and (i.alert_id or id(i) in sure_at)
+        ]  # fmt: skip
+        live.sort(key=lambda i: (i.alert_id is None, i.anchor_ts))
+        for inc in live:
+            if inc.parent is not None:
+                continue
+            key = (inc.primary_metric, inc.layers[:1])
+            for other in live:
+                if (
+                    other is not inc
+                    and other.parent is None
+                    and not other.children
+                    and other.alert_id is None
+                    and other.pool not in inc.pools
+                    and (other.primary_metric, other.layers[:1]) == key
+                    and abs(other.onset_ts - inc.onset_ts) <= FLEET_ONSET_WINDOWS * inc.window_s
+                ):
+                    other.parent = inc
+                    inc.children.append(other)
+
+    def observe(
+        self, incidents: list[Incident], views: list[NormView], n_pool: dict[PoolKey, int]
+    ) -> list[Alert]:
+        """Track recovery of paged incidents; resolved alerts for those back to baseline.
+
+        Recovery is judged on the values as the detector saw them (load-normalised),
+        so a quiet hour does not look like a fix and a burst does not look like a relapse.
+        """
+        out: list[Alert] = []
+        for inc in incidents:
+            if inc.status != "open" or inc.alert_id is None or inc.parent is not None:
+                continue
+            pts = inc.primary_points()
+            before = median(p.norm_before for p in inc.headline_points())
+            sign = BAD_DIRECTION.get(inc.primary_metric, -1)
+            # Recovery needs a step back on most devices, not a slow drift of the
+            # expectation: a frozen load model extrapolating a new load range is no fix.
+            stepped = len(inc.recovered) * 2 >= len({p.device for p in pts})
+            for t, level, batch in _window_levels(inc, views):
+                # A batch can reach back before the detection: judge only later windows.
+                if t <= max(inc.observed_ts, inc.detected_ts):
+                    continue
+                inc.observed_ts = t
+                if (level - before) * sign > self.s.resolve_tolerance * abs(before):
+                    if math.isfinite(batch):
+                        inc.bad_loads = [*inc.bad_loads[-63:], batch]
+                    inc.healthy_windows = 0
+                    continue
+                # A regression that shows only under burst load looks healthy between
+                # bursts: a calm window says nothing about the fix, so it does not count.
+                if inc.bad_loads and batch < LOAD_EVIDENCE * median(inc.bad_loads):
+                    continue
+                inc.healthy_windows += 1
+                if stepped and inc.healthy_windows >= self.s.resolve_windows:
+                    for member in (inc, *inc.children):
+                        member.status = "resolved"
+                        member.last_ts = t
+                    n = sum(m.pool_devices(n_pool) for m in (inc, *inc.children))
+                    if inc.children:
+                        out.append(self.render(inc.merged(), t, n, "resolved", level="fleet"))
+                    else:
+                        out.append(self.render(inc, t, n, "resolved"))
+                    break
+        return out
+
+    def render(
+        self, inc: Incident, now_ts: float, n_pool: int, status: str, level: str | None = None
+    ) -> Alert:
+        """The alert record for an incident as it stands now."""
+        metric = inc.primary_metric
+        pts = inc.headline_points()
+        before = float(median(p.before for p in pts))
+        after = float(median(p.after for p in pts))
+        delta_pct = 100.0 * (after - before) / before if before else 0.0
+        stage = inc.first_failing_stage()
+        moved = {metric for _, metric, _ in inc.supporting()}
+        # Device MFU follows load like queueing does: an overload incident whose headline
+        # became device MFU (a later burst's end joined it) is still overload.
+        load = inc.load_ratio() if metric in QUEUEING | LOAD_FOLLOWING else 1.0
+        bottleneck = bottleneck_class(stage, moved, load)
+        level = level or inc.scope_level(n_pool, self.s.pool_fraction)
+        devices = sorted(inc.devices)
+        layers = inc.layers
+        what = f"{layers[0] + ' ' if layers else ''}{_METRIC_WORDS.get(metric, metric)}"
+        sign = BAD_DIRECTION.get(metric, -1)
+        bound = before * (1 - self.s.resolve_tolerance * (1 if sign < 0 else -1))
+        guardrail = (
+            f"{what} back to {'>=' if sign < 0 else '<='} {bound:.3g} within "
+            f"{self.s.resolve_windows} windows, else undo and escalate"
+        )
+        suggestion = self.advisor.suggest(inc, stage, bottleneck, guardrail, level)
+        if bottleneck == "overload" and suggestion.action == "rollback":
+            # A change that fits explains it: the traffic only exposed it. Not overload.
+            bottleneck = bottleneck_class(stage, moved)
+        share = len(devices) / n_pool if n_pool else 1.0
+        # Share of the healthy level lost, in [0, 1]: the relative drop for down-is-bad
+        # metrics (MFU), 1 - before/after for up-is-bad ones (latency x2 loses half of the
+        # service rate), so a queue growing 500x on one device cannot outrank a pool-wide
+        # 15% MFU drop.
+        lost = abs(delta_pct) / 100.0
+        if sign > 0 and after > 0:
+            lost = max(0.0, 1.0 - before / after)
+        loss = lost * share
+        severity = (
+            "page" if loss >= self.s.page_loss else "ticket" if loss >= self.s.page_loss / 5
+            else "info"
+        )  # fmt: skip
+        if bottleneck == "overload" and severity == "page":
+            # Capacity for offered load, not a regression: a queue for the owners, no page.
+            severity = "ticket"
+        pools = sorted({p.pool or "" for p in inc.points})
+        where = {
+            "fleet": f"{len(pools)} pools ({', '.join(pools)}; {len(devices)} devices)",
+            "pool": f"pool {inc.pool} ({len(devices)} devices)",
+            "host": f"host {devices and sorted(inc.hosts)[0]} ({len(devices)} devices)",
+            "device": f"device {devices[0]}"
+            if len(devices) == 1
+            else f"{len(devices)} devices of pool {inc.pool}",
+        }[level]
+        cause = (
+            f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
+            if suggestion.action == "rollback"
+            else f" under offered load x{load:.2f}" if bottleneck == "overload"
+            else ""
+        )  # fmt: skip
+        return Alert(
+            v=1,
+            id=inc.alert_id or "",
+            status="resolved" if status == "resolved" else "firing",
+            ts=now_ts,
+            onset_ts=inc.onset_ts,
+            detected_ts=inc.detected_ts,
+            severity=severity,  # type: ignore[arg-type]
+            scope=AlertScope(
+                level=level,  # type: ignore[arg-type]
+                pool=inc.pool,
+                model=inc.model,
+                hosts=sorted(inc.hosts)[: self.s.max_devices_listed],
+                devices=devices[: self.s.max_devices_listed],
+                device_count=len(devices),
+            ),
+            layers=layers,
+            metric=metric,
+            before=round(before, 6),
+            after=round(after, 6),
+            delta_pct=round(delta_pct, 2),
+            first_failing_stage=stage,
+            bottleneck=bottleneck,
+            evidence=_evidence(inc),
+            suggestion=suggestion,
+            summary=f"{what} {delta_pct:+.1f}% on {where}{cause}",
+            runbook=RUNBOOK + bottleneck.replace("_", "-"),
+        )
+
+
+def _evidence(inc: Incident) -> list[Evidence]:
+    """One line per (stage, indicator, layer) that moved with the incident: device medians,
+    then the pool aggregates that moved at its onset (indicator prefixed `pool_`)."""
+    pooled: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
+    for p in inc.evidence:
+        if p.is_aggregate and abs(p.onset_ts - inc.onset_ts) <= 2 * inc.window_s:
+            pooled.setdefault((p.stage, f"pool_{p.metric}", p.layer), []).append(p)
+    out = [
+        Evidence(
+            stage=stage,
+            indicator=indicator,
+            layer=layer,
+            before=round(float(median(p.before for p in ps)), 6),
+            after=round(float(median(p.after for p in ps)), 6),
+            onset_ts=float(median(p.onset_ts for p in ps)),
+            score=round(float(max(p.score for p in ps)), 3),
+        )
+        for groups in (inc.supporting(), pooled)
+        for (stage, indicator, layer), ps in groups.items()
+    ]
+    out.sort(key=lambda e: (e.onset_ts, STAGES.index(e.stage), e.indicator, e.layer or ""))
+    return out
+
+
+def _window_levels(inc: Incident, views: list[NormView]) -> list[tuple[float, float, float]]:
+    """(window ts, mean normalised primary metric, mean batch) over the incident's streams."""
+    metric = inc.primary_metric
+    on_layer = metric in LAYER_METRICS
+    col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
+    pts = inc.headline_points()
+    ts_parts, v_parts, b_parts = [], [], []
+    for view in views:
+        f = view.frame
+        rows, ts, vals, load = (
+            (f.layer_rows, f.layer_ts, view.layer_norm, f.layer_load)
+            if on_layer
+            else (f.device_rows, f.device_ts, view.device_norm, f.device_load)
+        )
+        mask = np.isin(rows, np.array([p.row for p in pts if p.partition == view.partition]))
+        ts_parts.append(ts[mask])
+        v_parts.append(vals[mask, col])
+        b_parts.append(load[mask, 0])
+    if not ts_parts:
+        return []
+    win_ts, inv = np.unique(np.concatenate(ts_parts), return_inverse=True)
+    out = []
+    for values in (np.concatenate(v_parts), np.concatenate(b_parts)):
+        ok = np.isfinite(values)
+        sums = np.bincount(inv[ok], weights=values[ok], minlength=win_ts.size)
+        counts = np.bincount(inv[ok], minlength=win_ts.size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out.append(sums / counts)
+    level, batch = out
+    return [
+        (float(t), float(v), float(b))
+        for t, v, b in zip(win_ts, level, batch, strict=True)
+        if math.isfinite(v)
+    ]

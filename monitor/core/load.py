@@ -1,0 +1,122 @@
+"""Load awareness: detect on `y / expected(y | load)` so a traffic burst is not a regression.
+
+MFU, stall fraction, latency and queueing move with batch size and request
+rate. For each load-sensitive column, one `LoadModel` per (pool, model, layer)
+group learns the expectation from log(1 + batch), log(1 + req_rate) and 1 / batch; the
+detector sees the ratio, about 1.0 at any load. A regression that shows only
+under burst load still moves the ratio during bursts, so it is still caught.
+Columns that are not load-driven (clock, temperature, kernel fallback, quality)
+pass through unchanged. Where a group's model has under `min_support` windows of
+data at the group's current load (a pool's first burst), the ratio would measure
+the model's extrapolation error, so it is withheld (NaN) while the model learns
+(and, in a group frozen while its incident pages, until it thaws).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from monitor.arrays import F64, I64
+from monitor.core.load_model import LoadModel
+
+# Load-driven columns; the rest are judged on their raw values.
+LOAD_SENSITIVE = frozenset({
+    "mfu", "stall_frac", "arith_intensity", "occupancy", "sync_frac",
+    "device_mfu", "power_w", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms",
+    "queue_wait_ms", "queue_depth",
+})  # fmt: skip
+
+
+class LoadAdjuster:
+    """Turns a wave's value matrix into load-normalised ratios, all columns at once.
+
+    One `LoadModel` holds every load-sensitive column's models: the (group, column)
+    pair is model ``group * C + slot`` (C load-sensitive columns). Each pair learns
+    exactly what a model of its own would (same samples, same order), but a wave costs
+    one call instead of one per column; at a partition's wave sizes the calls' fixed
+    cost is most of the load models' time.
+    """
+
+    def __init__(
+        self, columns: tuple[str, ...], forget: float = 0.99, min_support: float = 0.0
+    ) -> None:
+        self.columns = columns
+        self.min_support = float(min_support)
+        self.extrapolated = 0  # samples withheld from detection: load outside the model's data
+        self._cols = np.array(
+            [i for i, m in enumerate(columns) if m in LOAD_SENSITIVE], dtype=np.int64
+        )
+        self._forget = float(forget)
+        n = max(self._cols.size, 1)
+        self._model = LoadModel(3, forget=forget, capacity=16 * n)
+
+    def _ids(self, groups: I64) -> I64:
+        """Model ids of (group, slot) pairs: one row per group, one column per slot."""
+        c = self._cols.size
+        # Room for every slot of the largest group first, so the capacity stays a multiple
+        # of C (the per-column checkpoints slice it).
+        if groups.size:
+            self._model.reserve((int(groups.max()) + 1) * c)
+        ids: I64 = groups[:, None] * c + np.arange(c)
+        return ids
+
+    def adjust(self, groups: I64, load: F64, values: F64) -> tuple[F64, F64]:
+        """(ratios, expected): NaN ratio while a group's model warms up or expects <= 0."""
+        ratios = values.copy()
+        expected = np.ones_like(values)
+        if self._cols.size == 0:
+            return ratios, expected
+        groups = np.asarray(groups, dtype=np.int64)
+        known = np.nan_to_num(load, nan=0.0)
+        # log terms for throughput scaling, 1/batch for fixed per-step overheads that
+        # amortise away as batches grow (MFU flattens out at large batch).
+        feats = np.column_stack([np.log1p(known), 1.0 / np.maximum(known[:, 0], 1.0)])
+        y = values[:, self._cols]
+        # Column-major: each (group, column) model sees its samples in row order, as a
+        # model of its own per column would.
+        slot, row = np.nonzero(np.isfinite(y).T)
+        exp = np.full(y.shape, np.nan)
+        if row.size:
+            ids = self._ids(groups)[row, slot]
+            f = feats[row]
+            # The first windows at a load the model has not seen (a pool's first burst)
+            # are extrapolation: the ratio would measure the model's error, not the
+            # device. Withhold them from detection (NaN) but learn from them (support is
+            # taken before learning). A frozen group (its incident is paging) cannot
+            # learn, so there it lasts until the group thaws: judged on the extrapolation
+            # instead, a burst would read as a shift of level on every device, and its
+            # end as a drop back.
+            novel = None
+            if self.min_support > 0:
+                novel = self._model.support(ids, f) < self.min_support
+            exp_ok = self._model.update(ids, f, y[row, slot])
+            if novel is not None:
+                novel &= np.isfinite(exp_ok)
+                exp_ok[novel] = np.nan
+                self.extrapolated += int(novel.sum())
+            exp[row, slot] = exp_ok
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios[:, self._cols] = np.where(exp > 0, y / exp, np.nan)
+        expected[:, self._cols] = exp
+        return ratios, expected
+
+    def hold(self, groups: I64, *, hold: bool) -> None:
+        """Stop (or resume) learning for these groups in every column's model."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if self._cols.size == 0 or groups.size == 0:
+            return
+        ids = self._ids(groups).reshape(-1)
+        (self._model.freeze if hold else self._model.thaw)(ids)
+
+    def snapshot(self) -> dict[int, bytes]:
+        """Each column's models as a `LoadModel` of its own (the checkpoint format)."""
+        c = self._cols.size
+        return {
+            int(col): self._model.take_slots(j, c).snapshot() for j, col in enumerate(self._cols)
+        }
+
+    def restore(self, blobs: dict[int, bytes]) -> None:
+        """Load column models saved by `snapshot` (by this class or its per-column form)."""
+        slots = {int(col): j for j, col in enumerate(self._cols)}
+        parts = {slots[c]: LoadModel.restore(b) for c, b in blobs.items() if c in slots}
+        self._model = LoadModel.interleave(parts, self._cols.size, forget=self._forget)

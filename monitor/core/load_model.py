@@ -1,0 +1,276 @@
+"""Load-aware expectations: vectorised recursive least squares, one model per group.
+
+MFU and stall move with batch size and request rate. A `LoadModel` keeps one
+linear model ``y ≈ theta · [1, features]`` per group (pool × layer type, say)
+and returns, for every sample, the expected value *before* learning from it,
+so ``y - expected`` is an honest residual. The detector then runs on
+residuals: a traffic burst moves the expectation with it and is not a change,
+while a regression that shows only under burst load leaves a residual. Feed
+the detector ``y / expected`` (about 1.0 at any load, so `min_rel_change` reads
+as "relative to what this load should give"), or ``y - expected`` with an
+absolute effect gate where the metric can be near zero.
+
+Estimation is exponentially weighted least squares in information form
+(``A = lam*A + sum w x x^T``, ``b = lam*b + sum w x y``, forgetting once per
+call for the groups a call touches), so many samples of one group in one call
+are exact, not an approximation, and every group's solve is one batched
+``np.linalg.solve``. Guards against learning a regression away: residuals are
+clipped at `clip` robust sigmas before they are learned from (a step is
+absorbed only slowly), and `freeze` / `thaw` or a per-sample `weight` let the
+pipeline stop learning for groups whose residuals are alarming.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from monitor.arrays import F64, I64
+from monitor.detect import _blob
+
+_ABS_TO_SIGMA = 1.2533  # sigma / E|r| for Gaussian residuals
+
+
+class LoadModel:
+    """Per-group exponentially weighted least squares of a metric on load features."""
+
+    kind: ClassVar[str] = "load_model"
+    # Per-group state arrays (leading axis: group).
+    _ARRAYS: ClassVar[tuple[str, ...]] = (
+        "_a", "_b", "_theta", "_seen", "_frozen", "_rabs", "_level",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        n_features: int,
+        *,
+        forget: float = 0.99,
+        ridge: float = 1e-6,
+        intercept: bool = True,
+        warmup: int | None = None,
+        clip: float = 4.0,
+        capacity: int = 16,
+    ) -> None:
+        if n_features < 0 or not 0 < forget <= 1 or ridge < 0 or clip <= 0:
+            raise ValueError("n_features >= 0, 0 < forget <= 1, ridge >= 0, clip > 0 required")
+        self.n_features = int(n_features)
+        self.intercept = bool(intercept)
+        self.p = self.n_features + int(self.intercept)
+        if self.p == 0:
+            raise ValueError("a model needs an intercept or at least one feature")
+        self.forget, self.ridge, self.clip = float(forget), float(ridge), float(clip)
+        self.warmup = 4 * self.p if warmup is None else int(warmup)
+        self._cap = 0
+        self._a = np.zeros((0, self.p, self.p))
+        self._b = np.zeros((0, self.p))
+        self._theta = np.zeros((0, self.p))
+        self._seen = np.zeros(0, dtype=np.int64)  # samples learned from
+        self._frozen = np.zeros(0, dtype=np.bool_)
+        self._rabs = np.zeros(0)  # EW mean |residual| (0 = not yet known)
+        self._level = np.full(0, np.nan)  # EW mean of y
+        self._grow(max(int(capacity), 1))
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Number of group slots currently allocated."""
+        return self._cap
+
+    def _grow(self, need: int) -> None:
+        if need <= self._cap:
+            return
+        cap, old = max(need, 2 * self._cap), self._cap
+
+        def ext(arr: np.ndarray, fill: Any) -> np.ndarray:
+            out = np.full((cap, *arr.shape[1:]), fill, dtype=arr.dtype)
+            out[:old] = arr
+            return out
+
+        self._a, self._b, self._theta = ext(self._a, 0.0), ext(self._b, 0.0), ext(self._theta, 0.0)
+        self._seen, self._frozen = ext(self._seen, 0), ext(self._frozen, False)
+        self._rabs, self._level = ext(self._rabs, 0.0), ext(self._level, np.nan)
+        self._cap = cap
+
+    def reserve(self, n_groups: int) -> None:
+        """Make room for group ids below `n_groups` (capacity doubles, as on demand)."""
+        self._grow(int(n_groups))
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "forget": self.forget, "ridge": self.ridge, "intercept": self.intercept,
+            "warmup": self.warmup, "clip": self.clip,
+        }  # fmt: skip
+
+    def take_slots(self, slot: int, stride: int) -> LoadModel:
+        """The models of groups ``slot, slot + stride, ...`` as a model of their own (copies);
+        the capacity must be a multiple of `stride`."""
+        if self._cap % stride:
+            raise ValueError("capacity must be a multiple of the stride")
+        out = LoadModel(self.n_features, capacity=1, **self._params())
+        for name in self._ARRAYS:
+            setattr(out, name, getattr(self, name)[slot::stride].copy())
+        out._cap = self._cap // stride
+        return out
+
+    @classmethod
+    def interleave(cls, parts: dict[int, LoadModel], stride: int, **defaults: Any) -> LoadModel:
+        """One model whose group ``g * stride + slot`` is group g of ``parts[slot]``; slots
+        without a part (or groups past a part's capacity) start fresh."""
+        if not parts:
+            return cls(3, capacity=16 * stride, **defaults)
+        first = next(iter(parts.values()))
+        groups = max(p._cap for p in parts.values())
+        out = cls(first.n_features, capacity=groups * stride, **first._params())
+        for slot, part in parts.items():
+            for name in cls._ARRAYS:
+                getattr(out, name)[slot : part._cap * stride : stride] = getattr(part, name)
+        return out
+
+    def _design(self, features: F64, n: int) -> F64:
+        feats = np.asarray(features, dtype=np.float64).reshape(n, self.n_features)
+        if not self.intercept:
+            return feats
+        return np.concatenate([np.ones((n, 1)), feats], axis=1)
+
+    # -- queries ------------------------------------------------------------------
+    def predict(self, groups: I64, features: F64) -> F64:
+        """Expected y under the current coefficients; NaN while a group is warming up."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if groups.size and int(groups.min()) < 0:
+            raise ValueError("group ids must be >= 0")
+        self._grow(int(groups.max()) + 1 if groups.size else 0)
+        x = self._design(features, groups.size)
+        expected: F64 = (x * self._theta[groups]).sum(axis=1)
+        expected[self._seen[groups] < self.warmup] = np.nan
+        return expected
+
+    def coef(self, groups: I64) -> F64:
+        """Coefficients [intercept, features...] per group (a copy)."""
+        return self._theta[np.asarray(groups, dtype=np.int64)].copy()
+
+    def level(self, groups: I64) -> F64:
+        """EW mean of y per group (NaN before any data), for reporting; it moves with load,
+        so feed the detector ``y / expected`` (or ``y - expected``), not residual + level."""
+        return self._level[np.asarray(groups, dtype=np.int64)].copy()
+
+    def support(self, groups: I64, features: F64) -> F64:
+        """Per sample: how many calls' worth of data the model holds at its group's mean load.
+
+        One over the leverage of the group's mean design row in this call, in units of the
+        group's samples in this call: about the model's memory in steady load, about 1 the
+        first time the load moves somewhere new (a burst). Predictions there extrapolate.
+        """
+        groups = np.asarray(groups, dtype=np.int64)
+        n = groups.size
+        if n == 0:
+            return np.zeros(0)
+        self._grow(int(groups.max()) + 1)
+        x = self._design(features, n)
+        touched, inv = np.unique(groups, return_inverse=True)
+        count = np.bincount(inv).astype(np.float64)
+        sums = np.stack([np.bincount(inv, x[:, j]) for j in range(self.p)], axis=1)
+        x_mean: F64 = sums / count[:, None]
+        a_reg = self._regularised(self._a[touched])
+        lev = np.einsum("gp,gp->g", x_mean, np.linalg.solve(a_reg, x_mean[:, :, None])[:, :, 0])
+        out: F64 = 1.0 / np.maximum(lev * count, 1e-300)
+        return out[inv]
+
+    def _regularised(self, a: F64) -> F64:
+        """Levenberg-style ridge: relative to each diagonal, so feature units do not matter."""
+        diag = np.einsum("gii->gi", a)
+        reg = self.ridge * diag + 1e-12 * (1.0 + diag.max(axis=1, keepdims=True))
+        out: F64 = a + reg[:, :, None] * np.eye(self.p)
+        return out
+
+    def residual_sigma(self, groups: I64) -> F64:
+        """Robust residual scale per group (0 before it is known)."""
+        return self._rabs[np.asarray(groups, dtype=np.int64)] * _ABS_TO_SIGMA
+
+    # -- learning ---------------------------------------------------------------------
+    def freeze(self, groups: I64) -> None:
+        """Stop learning for these groups (e.g. while their residuals alarm)."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if groups.size:
+            self._grow(int(groups.max()) + 1)
+            self._frozen[groups] = True
+
+    def thaw(self, groups: I64) -> None:
+        """Resume learning for these groups."""
+        groups = np.asarray(groups, dtype=np.int64)
+        self._frozen[groups[groups < self._cap]] = False
+
+    def update(self, groups: I64, features: F64, y: F64, weight: F64 | None = None) -> F64:
+        """Expected y for each sample (before learning from it), then learn from the call.
+
+        A group may occur many times in one call. Samples with NaN y or features, weight
+        0, or a frozen group are predicted but not learned from.
+        """
+        groups = np.asarray(groups, dtype=np.int64)
+        n = groups.size
+        expected = self.predict(groups, features)
+        if n == 0:
+            return expected
+        x = self._design(features, n)
+        y = np.asarray(y, dtype=np.float64).reshape(n)
+        w = np.ones(n) if weight is None else np.asarray(weight, dtype=np.float64).reshape(n)
+        ok = np.isfinite(y) & np.isfinite(x).all(axis=1) & np.isfinite(w) & (w > 0)
+        ok &= ~self._frozen[groups]
+        if not ok.any():
+            return expected
+        g, x, y, w = groups[ok], x[ok], y[ok], w[ok]
+        raw = np.einsum("np,np->n", x, self._theta[g])
+        resid = y - raw
+        # Learn from clipped residuals: one burst of outliers, or a fresh regression,
+        # moves the coefficients by at most `clip` robust sigmas' worth per sample.
+        bound = self.clip * self._rabs[g] * _ABS_TO_SIGMA
+        warm = (self._seen[g] >= self.warmup) & (bound > 0)
+        resid = np.where(warm, np.clip(resid, -bound, bound), resid)
+        y_eff = raw + resid
+
+        touched, inv = np.unique(g, return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(inv[order]) != 0])
+        xw = x * w[:, None]
+        xtx = np.add.reduceat((xw[:, :, None] * x[:, None, :])[order], starts, axis=0)
+        xty = np.add.reduceat((xw * y_eff[:, None])[order], starts, axis=0)
+        wsum = np.add.reduceat(w[order], starts)
+        lam = self.forget
+        a = lam * self._a[touched] + xtx
+        b = lam * self._b[touched] + xty
+        self._a[touched], self._b[touched] = a, b
+        self._theta[touched] = np.linalg.solve(self._regularised(a), b[:, :, None])[:, :, 0]
+
+        # Residual scale and level: EW per call, weighted means within the call.
+        mean_abs = np.add.reduceat((w * np.abs(resid))[order], starts) / wsum
+        mean_y = np.add.reduceat((w * y)[order], starts) / wsum
+        known = self._rabs[touched] > 0
+        self._rabs[touched] = np.where(
+            known, lam * self._rabs[touched] + (1 - lam) * mean_abs, mean_abs
+        )
+        lvl = self._level[touched]
+        self._level[touched] = np.where(np.isfinite(lvl), lam * lvl + (1 - lam) * mean_y, mean_y)
+        counts = np.bincount(inv, minlength=touched.size)
+        self._seen[touched] += counts
+        return expected
+
+    # -- checkpoints ------------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """All state and parameters as deterministic bytes."""
+        params = {"n_features": self.n_features, **self._params(), "groups": self._cap}
+        arrays: dict[str, npt.NDArray[Any]] = {
+            name.lstrip("_"): getattr(self, name) for name in self._ARRAYS
+        }
+        return _blob.pack(self.kind, params, arrays)
+
+    @classmethod
+    def restore(cls, blob: bytes) -> LoadModel:
+        """Rebuild from `snapshot` bytes; future outputs are identical."""
+        params, arr = _blob.unpack(blob, cls.kind)
+        groups = int(params.pop("groups"))
+        model = cls(int(params.pop("n_features")), capacity=1, **params)
+        for name in cls._ARRAYS:
+            setattr(model, name, arr[name.lstrip("_")])
+        model._cap = groups
+        return model

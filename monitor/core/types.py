@@ -1,0 +1,46 @@
+"""Values that cross the core's boundary: raw messages in, alerts and dead letters out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from monitor.arrays import F64
+from monitor.core.stream_table import Frame
+from monitor.wire import Alert
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """One undecoded record and where it came from (offset -1 when not from Kafka)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A rejected input and why; goes to the dead-letter topic unchanged plus the reason."""
+
+    message: RawMessage
+    reason: str
+
+
+@dataclass(slots=True)
+class Output:
+    """What one batch produced."""
+
+    alerts: list[Alert] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class NormView:
+    """One partition's frame with its values as the detectors saw them (load-normalised)."""
+
+    partition: int
+    frame: Frame
+    layer_norm: F64
+    device_norm: F64

@@ -1,0 +1,61 @@
+"""Every error flopwatch raises on purpose, under one base class.
+
+`retriable` carries behaviour, as in aiokafka's errors: True when the same call
+may succeed later without anyone changing anything (a broker or receiver that is
+down), False when input or configuration must change first. The CLI prints any
+`FlopwatchError` as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class FlopwatchError(Exception):
+    """Base class; `retriable` says whether trying again later can succeed."""
+
+    retriable: ClassVar[bool] = False
+
+
+class UsageError(FlopwatchError):
+    """Misuse of the CLI: one line on stderr, exit code 2."""
+
+
+class ConfigError(FlopwatchError, ValueError):
+    """The configuration file or environment is unusable; the message is one line."""
+
+
+class DecodeError(FlopwatchError, ValueError):
+    """A record that cannot be accepted; `reason` names the field and what was wrong."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RecordingError(FlopwatchError, ValueError):
+    """The recording cannot be read at all (missing, unreadable, bad compression)."""
+
+
+class ParseError(FlopwatchError, ValueError):
+    """A line that is neither empty nor a number the engine can hold."""
+
+    def __init__(self, lineno: int, text: str, why: str = "expected a number") -> None:
+        super().__init__(f"line {lineno}: {why}, got {text!r}")
+        self.lineno, self.text = lineno, text
+
+
+class CheckpointError(FlopwatchError):
+    """A checkpoint record that cannot be used, or a state topic that cannot be read."""
+
+    retriable = True
+
+
+class BrokerError(FlopwatchError, RuntimeError):
+    """The embedded broker could not be started."""
+
+
+class AlertmanagerError(FlopwatchError, RuntimeError):
+    """An Alertmanager instance refused or could not be reached."""
+
+    retriable = True

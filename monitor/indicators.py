@@ -1,0 +1,193 @@
+"""Derived metrics and their place in the execution flow (contract §1 and §3).
+
+All functions take numpy columns and return numpy columns: one call per batch,
+never one per sample. A missing input (NaN) gives a missing output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from monitor.arrays import F64, I64
+from monitor.wire import Stage
+
+# Columns of the per (device, layer type) stream matrix.
+LAYER_METRICS: tuple[str, ...] = (
+    "mfu", "stall_frac", "arith_intensity", "sync_frac",
+    "occupancy", "sram_hit", "spill_frac", "fallback_frac",
+)  # fmt: skip
+# Columns of the per-device stream matrix.
+DEVICE_METRICS: tuple[str, ...] = (
+    "device_mfu", "clock_mhz", "temp_c", "power_w",
+    "req_rate", "queue_depth", "queue_wait_ms", "batch",
+    "lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality",
+)  # fmt: skip
+
+STAGE_OF: dict[str, Stage] = {
+    "req_rate": "ingress", "queue_depth": "ingress", "queue_wait_ms": "ingress", "batch": "ingress",
+    "kernel": "lowering", "fallback_frac": "lowering",
+    "sram_hit": "scheduling", "spill_frac": "scheduling", "arith_intensity": "scheduling",
+    "mfu": "execution", "stall_frac": "execution", "occupancy": "execution",
+    "sync_frac": "execution", "device_mfu": "execution", "clock_mhz": "execution",
+    "temp_c": "execution", "power_w": "execution",
+    "lat_p50_ms": "validation", "lat_p95_ms": "validation", "lat_p99_ms": "validation",
+    "quality": "validation",
+}  # fmt: skip
+
+# The metrics an alert can be about, most telling first; the others are evidence only.
+# Ingress and validation incidents have MFU flat, so latency and quality must open them.
+PRIMARY_ORDER: tuple[str, ...] = (
+    "mfu", "stall_frac", "device_mfu", "quality", "lat_p99_ms", "queue_wait_ms",
+)  # fmt: skip
+PRIMARY_METRICS = frozenset(PRIMARY_ORDER)
+# Evidence that independently corroborates a change on the same device: a second
+# mechanism, not a second view of the same noisy timing (mfu and stall move together),
+# and not load itself (temperature and power rise with every burst; a throttle shows
+# as the clock stepping down).
+CORROBORATING = frozenset({
+    "clock_mhz", "sync_frac", "fallback_frac", "kernel",
+    "sram_hit", "spill_frac", "queue_wait_ms", "queue_depth", "quality",
+})  # fmt: skip
+# Offered load: a shift of it is context for an incident (the pool is busier), never a
+# regression and never evidence of a failing stage.
+LOAD_METRICS = frozenset({"req_rate"})
+# What a backlog in front of the devices moves: queue and the latency it adds. An incident
+# that moved only these, while offered load rose, is overload, not a regression.
+QUEUEING = frozenset({"queue_wait_ms", "queue_depth", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms"})
+# Execution indicators that follow offered load rather than a mechanism: heat (temperature,
+# power) and utilisation (device MFU is served work: a saturated pool serves less than its
+# offered load predicts). A throttle shows as the clock, a slower kernel as layer MFU.
+LOAD_FOLLOWING = frozenset({"temp_c", "power_w", "device_mfu"})
+# Direction that counts as a regression (+1 up is bad, -1 down is bad).
+BAD_DIRECTION: dict[str, int] = {
+    "mfu": -1, "device_mfu": -1, "stall_frac": +1, "occupancy": -1, "sram_hit": -1,
+    "spill_frac": +1, "fallback_frac": +1, "sync_frac": +1, "arith_intensity": -1,
+    "clock_mhz": -1, "temp_c": +1, "power_w": +1, "queue_wait_ms": +1, "queue_depth": +1,
+    "lat_p50_ms": +1, "lat_p95_ms": +1, "lat_p99_ms": +1, "quality": -1,
+    "req_rate": 0, "batch": 0, "kernel": +1,
+}  # fmt: skip
+
+# Smallest absolute shift worth reporting, per metric: a 20% change of an all-reduce's
+# 0.0001 MFU is statistically real and operationally meaningless.
+MIN_ABS_CHANGE: dict[str, float] = {
+    "mfu": 0.01, "device_mfu": 0.01, "stall_frac": 0.01, "sync_frac": 0.01,
+    "occupancy": 0.01, "sram_hit": 0.01, "spill_frac": 0.005, "fallback_frac": 0.01,
+    "quality": 0.001,
+}  # fmt: skip
+
+# Smallest relative shift worth reporting (vs the level before), per metric; 5% otherwise.
+# A 4% quality drop is a bad model; a 10% p99 wobble is a normal afternoon.
+MIN_REL_CHANGE: dict[str, float] = {
+    "quality": 0.01, "clock_mhz": 0.03, "lat_p50_ms": 0.10, "lat_p95_ms": 0.10,
+    "lat_p99_ms": 0.10, "queue_wait_ms": 0.25, "queue_depth": 0.25,
+}  # fmt: skip
+DEFAULT_MIN_REL_CHANGE = 0.05
+
+
+def material_floors(
+    metrics: tuple[str, ...],
+    rel: dict[str, float] | None = None,
+    abs_: dict[str, float] | None = None,
+) -> tuple[F64, F64]:
+    """(absolute, relative) reporting floors per metric column, `rel` / `abs_` overriding."""
+    rel, abs_ = rel or {}, abs_ or {}
+    floor_abs = np.array([abs_.get(m, MIN_ABS_CHANGE.get(m, 0.0)) for m in metrics])
+    floor_rel = np.array(
+        [rel.get(m, MIN_REL_CHANGE.get(m, DEFAULT_MIN_REL_CHANGE)) for m in metrics]
+    )
+    return floor_abs, floor_rel
+
+
+# Layer columns fed in, in this order, by the stream table.
+LAYER_INPUTS: tuple[str, ...] = (
+    "flops", "busy_s", "cycles", "stall_mem_cycles", "occupancy", "bytes_hbm",
+    "sram_hit", "spill_bytes", "sync_wait_s", "fallback_frac",
+)  # fmt: skip
+
+
+def _ratio(num: F64, den: F64) -> F64:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = num / den
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def layer_metrics(raw: F64, peak: F64) -> F64:
+    """(n, len(LAYER_INPUTS)) raw counters + per-row peak FLOP/s -> (n, len(LAYER_METRICS))."""
+    col = {name: raw[:, i] for i, name in enumerate(LAYER_INPUTS)}
+    out = np.empty((raw.shape[0], len(LAYER_METRICS)))
+    out[:, 0] = _ratio(col["flops"], col["busy_s"] * peak)
+    out[:, 1] = _ratio(col["stall_mem_cycles"], col["cycles"])
+    out[:, 2] = _ratio(col["flops"], col["bytes_hbm"])
+    out[:, 3] = _ratio(col["sync_wait_s"], col["busy_s"])
+    out[:, 4] = col["occupancy"]
+    out[:, 5] = col["sram_hit"]
+    out[:, 6] = _ratio(col["spill_bytes"], col["bytes_hbm"] + col["spill_bytes"])
+    out[:, 7] = col["fallback_frac"]
+    return out
+
+
+def device_mfu(flops_sum: F64, window_s: F64, peak: F64) -> F64:
+    """Device MFU = sum(flops) / (window_s * peak); NaN where peak is unknown."""
+    return _ratio(flops_sum, window_s * peak)
+
+
+def _group_index(groups: I64, ts: F64) -> tuple[
+    I64, F64, I64
+]:  # fmt: skip
+    """Unique (group, ts) pairs, and each row's index into them."""
+    if groups.size == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=np.int64)
+    # One int64 key per (group, window): 1-D unique is far cheaper than unique(axis=0).
+    win, t_idx = np.unique(ts, return_inverse=True)
+    key = groups.astype(np.int64) * win.size + t_idx.reshape(-1)
+    ukey, inv = np.unique(key, return_inverse=True)
+    return ukey // win.size, win[ukey % win.size], inv.reshape(-1)
+
+
+def _nansum_by(inv: I64, n: int, values: F64) -> tuple[F64, F64]:
+    """Per-group sums ignoring NaN, and how many finite values each had (per column)."""
+    ok = np.isfinite(values)
+    clean = np.where(ok, values, 0.0)
+    sums = np.empty((n, values.shape[1]))
+    counts = np.empty((n, values.shape[1]))
+    for c in range(values.shape[1]):  # a few columns; bincount beats ufunc.at by ~10x
+        sums[:, c] = np.bincount(inv, weights=clean[:, c], minlength=n)
+        counts[:, c] = np.bincount(inv, weights=ok[:, c], minlength=n)
+    return sums, counts
+
+
+def group_sums(groups: I64, ts: F64, raw: F64, peak: F64) -> tuple[
+    I64, F64, F64, F64
+]:  # fmt: skip
+    """Per (group, window): summed raw layer counters, with flops in units of each row's peak.
+
+    Summing `flops / peak` lets one pool mix chips: pool MFU = sum(flops/peak) / sum(busy_s).
+    Ratio counters (occupancy, sram_hit, fallback_frac) are averaged instead of summed.
+    Returns (group ids, ts, raw-like matrix, peak column of ones).
+    """
+    gid, gts, inv = _group_index(groups, ts)
+    if gid.size == 0:
+        return gid, gts, np.empty((0, raw.shape[1])), np.empty(0)
+    scaled = raw.copy()
+    fl = LAYER_INPUTS.index("flops")
+    scaled[:, fl] = raw[:, fl] / peak
+    sums, counts = _nansum_by(inv, gid.size, scaled)
+    means = {LAYER_INPUTS.index(k) for k in ("occupancy", "sram_hit", "fallback_frac")}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(counts > 0, sums, np.nan)
+        for c in means:
+            out[:, c] = sums[:, c] / counts[:, c]
+    return gid, gts, out, np.ones(gid.size)
+
+
+def group_means(groups: I64, ts: F64, values: F64) -> tuple[
+    I64, F64, F64
+]:  # fmt: skip
+    """Per (group, window) mean of each column, ignoring NaN."""
+    gid, gts, inv = _group_index(groups, ts)
+    if gid.size == 0:
+        return gid, gts, np.empty((0, values.shape[1]))
+    sums, counts = _nansum_by(inv, gid.size, values)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return gid, gts, sums / counts

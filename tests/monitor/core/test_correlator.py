@@ -1,0 +1,136 @@
+"""Overload (queueing explained by offered load) is a ticket to scale out, not a page."""
+
+from __future__ import annotations
+
+import pickle
+
+from monitor.config import AlertSettings
+from monitor.core.advisor import Advisor
+from monitor.core.correlator import ChangePoint, Correlator, bottleneck_class
+from monitor.core.lifecycle import AlertLifecycle
+from monitor.indicators import STAGE_OF
+from monitor.wire import ChangeEvent, ChangeScope
+
+T0, W = 1_000_000.0, 10.0
+POOL, MODEL = "vision", "resnet@v5"
+
+
+def _pt(device: str, metric: str, before: float, after: float, onset: float) -> ChangePoint:
+    return ChangePoint(
+        device=device, host=device.split("/", maxsplit=1)[0], pool=POOL, model=MODEL, layer=None,
+        metric=metric, stage=STAGE_OF[metric], onset_ts=onset, detected_ts=onset + 2 * W,
+        before=before, after=after, score=10.0, window_s=W,
+    )  # fmt: skip
+
+
+def _incident(req_after: float, n: int = 8):
+    devs = [f"h{i}/gpu0" for i in range(n)]
+    pts = [_pt(d, "req_rate", 100.0, req_after, T0) for d in devs]
+    pts += [_pt(d, "queue_wait_ms", 5.0, 2500.0, T0) for d in devs]
+    pts += [_pt(d, "lat_p99_ms", 40.0, 9000.0, T0) for d in devs]
+    pts += [_pt(d, "temp_c", 50.0, 55.0, T0 + W) for d in devs]
+    corr = Correlator()
+    corr.add(pts, T0 + 3 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    return inc
+
+
+def _render(inc, changes=(), n_pool: int = 8):
+    adv = Advisor()
+    for c in changes:
+        adv.add_change(c)
+    return AlertLifecycle(AlertSettings(), adv).render(inc, T0 + 3 * W, n_pool, "firing")
+
+
+def test_offered_load_kept_as_context_not_evidence() -> None:
+    inc = _incident(req_after=220.0)
+    assert len(inc.load) == 8
+    assert all(p.metric == "req_rate" for p in inc.load)
+    assert all(p.metric != "req_rate" for p in inc.evidence)
+    assert abs(inc.load_ratio() - 2.2) < 1e-9
+    assert inc.first_failing_stage() == "ingress"
+
+
+def test_overload_is_a_ticket_to_mitigate() -> None:
+    alert = _render(_incident(req_after=220.0))
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "ticket"
+    assert alert.suggestion.action == "mitigate"
+    assert alert.suggestion.change_id is None
+    assert "offered load x2.20" in alert.summary
+
+
+def test_queueing_at_flat_load_still_pages() -> None:
+    alert = _render(_incident(req_after=101.0))
+    assert alert.bottleneck == "ingress"
+    assert alert.severity == "page"
+
+
+def test_a_mechanism_moving_is_not_overload() -> None:
+    assert bottleneck_class("ingress", {"queue_wait_ms", "clock_mhz"}, 2.0) != "overload"
+    assert bottleneck_class("ingress", {"queue_wait_ms", "temp_c", "device_mfu"}, 2.0) == (
+        "overload"
+    )
+    assert bottleneck_class("execution", {"mfu", "lat_p99_ms"}, 2.0) != "overload"
+
+
+def test_a_fitting_change_turns_overload_back_into_a_rollback_page() -> None:
+    chg = ChangeEvent(
+        v=1, ts=T0 - 5.0, id="chg-1", kind="traffic_policy", scope=ChangeScope(pool=POOL),
+        from_="a", to="b",
+    )  # fmt: skip
+    alert = _render(_incident(req_after=220.0), [chg])
+    assert alert.suggestion.action == "rollback"
+    assert alert.suggestion.change_id == "chg-1"
+    assert alert.bottleneck == "ingress"
+    assert alert.severity == "page"
+
+
+def test_loss_of_an_up_is_bad_metric_is_bounded() -> None:
+    """One device whose p99 went x225 (its queue backed up) in a pool of 56 is not a page."""
+    alert = _render(_incident(req_after=101.0, n=1), n_pool=56)
+    assert alert.delta_pct > 20_000  # old loss: 224 x 1/56 = 4.0, a page
+    assert alert.severity == "info"
+    alert = _render(_incident(req_after=101.0), n_pool=8)
+    assert alert.severity == "page"
+
+
+def test_latency_only_validation_incident_is_contention_not_quality() -> None:
+    """Quality is the class only when quality moved; a p99 rise alone is contention."""
+    assert bottleneck_class("validation", {"lat_p99_ms", "lat_p95_ms"}) == "contention"
+    assert bottleneck_class("validation", {"quality", "lat_p99_ms"}) == "quality"
+
+
+def test_incidents_from_a_checkpoint_before_the_load_field_restore() -> None:
+    """An incident pickled before `load` existed restores with it empty (no AttributeError),
+    so an upgrade does not lose the member's open incidents."""
+    inc = _incident(req_after=220.0)
+    corr = Correlator()
+    corr.incidents.append(inc)
+    del inc.load  # what an incident pickled by the older code lacks
+    restored = pickle.loads(pickle.dumps(corr))  # noqa: S301 - our own bytes
+    restored.fill_missing_fields()
+    (back,) = restored.incidents
+    assert back.load == []
+    assert back.load_ratio() == 1.0
+    assert back.first_failing_stage() == "ingress"
+
+
+def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:
+    """Device MFU follows load, like queueing: when it heads an overload incident (it moved
+    on every device), the incident stays a ticket to scale out. It was judged without the
+    offered load and paged (`fleet_day`, seed 6, at a later burst's end)."""
+
+    def headed_by_device_mfu(req_after: float):
+        inc = _incident(req_after=req_after)
+        inc.points += [_pt(f"h{i}/gpu0", "device_mfu", 0.5, 0.41, T0) for i in range(8)]
+        return inc
+
+    inc = headed_by_device_mfu(220.0)
+    assert inc.primary_metric == "device_mfu"
+    alert = _render(inc)
+    assert alert.metric == "device_mfu"
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "ticket"
+    # No rise in offered load: not overload.
+    assert _render(headed_by_device_mfu(101.0)).severity == "page"

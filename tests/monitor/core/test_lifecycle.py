@@ -1,0 +1,158 @@
+"""Alert lifecycle: which pool size an open incident is confirmed and weighed against."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from monitor.config import AlertSettings
+from monitor.core.advisor import Advisor
+from monitor.core.correlator import ChangePoint, Correlator
+from monitor.core.lifecycle import AlertLifecycle
+from monitor.indicators import STAGE_OF
+
+T0, W = 1_000_000.0, 10.0
+POOL, OLD, NEW = "serve-a", "llama-8b@v3", "llama-8b@v4"
+
+
+def _mfu_drop(
+    device: str, onset: float = T0, before: float = 0.68, after: float = 0.6426
+) -> ChangePoint:
+    """MLP MFU on one device of the old model (by default -5.5%)."""
+    return ChangePoint(
+        device=device, host=device.split("/", maxsplit=1)[0], pool=POOL, model=OLD,
+        layer="mlp", metric="mfu", stage=STAGE_OF["mfu"], onset_ts=onset,
+        detected_ts=onset + 2 * W, before=before, after=after, score=1.1, window_s=W,
+    )  # fmt: skip
+
+
+def _three_devices_then(counts_after: dict[tuple[str | None, str | None], int]):
+    """Three scattered devices of a 168-device pool regress; the next wave has these counts."""
+    corr = Correlator()
+    corr.add(
+        [_mfu_drop(f"node-{i:03d}/gpu0") for i in (19, 20, 23)], T0 + 3 * W, {(POOL, OLD): 168}
+    )
+    corr.add([], T0 + 4 * W, counts_after)
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    return corr, life.due(corr.incidents, T0 + 4 * W, counts_after)
+
+
+def test_three_scattered_devices_of_a_large_pool_do_not_alert() -> None:
+    _, alerts = _three_devices_then({(POOL, OLD): 168})
+    assert alerts == []
+
+
+def test_a_model_rollout_does_not_shrink_the_pool_an_open_incident_is_judged_against() -> None:
+    """Every device reports the new model after the rollout, so the old (pool, model) has
+    none: judged against 0 devices, three noisy ones confirmed it at the whole pool's weight
+    (a ticket in `deploy_without_regression`, seed 7)."""
+    corr, alerts = _three_devices_then({(POOL, NEW): 168})
+    assert alerts == []
+    (inc,) = corr.incidents
+    assert inc.pool_size == 168
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    alert = life.render(inc, T0 + 4 * W, inc.pool_devices({(POOL, NEW): 168}), "firing")
+    assert alert.severity == "info"
+
+
+def test_a_pool_that_small_still_alerts() -> None:
+    """The same three devices are the whole of a three-device pool: confirmed, and weighed
+    as all of it."""
+    corr = Correlator()
+    pts = [_mfu_drop(f"node-{i:03d}/gpu0") for i in (19, 20, 23)]
+    corr.add(pts, T0 + 3 * W, {(POOL, OLD): 3})
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    (alert,) = life.due(corr.incidents, T0 + 4 * W, {(POOL, OLD): 3})
+    assert alert.severity == "ticket"
+    assert alert.scope.device_count == 3
+
+
+def test_incidents_from_a_checkpoint_before_the_pool_size_restore() -> None:
+    """An incident pickled before `pool_size` existed restores judged on today's counts."""
+    corr, _ = _three_devices_then({(POOL, OLD): 168})
+    (inc,) = corr.incidents
+    del inc.pool_size  # what an incident pickled by the older code lacks
+    restored = pickle.loads(pickle.dumps(corr))  # noqa: S301 - our own bytes
+    restored.fill_missing_fields()
+    (back,) = restored.incidents
+    assert back.pool_size == 0
+    assert back.pool_devices({(POOL, OLD): 168}) == 168
+    restored.add([], T0 + 5 * W, {(POOL, OLD): 160})
+    assert back.pool_size == 160
+
+
+def _pool_drop(pool: str, onset: float, hosts: range) -> list[ChangePoint]:
+    """Device MFU -18% on every device of `hosts` (8 devices each) in `pool`."""
+    return [
+        ChangePoint(
+            device=f"{pool}-{h}/gpu{g}",
+            host=f"{pool}-{h}",
+            pool=pool,
+            model="m@v1",
+            layer=None,
+            metric="device_mfu",
+            stage=STAGE_OF["device_mfu"],
+            onset_ts=onset,
+            detected_ts=onset + 3 * W,
+            before=0.5,
+            after=0.41,
+            score=1.2,
+            window_s=W,
+        )
+        for h in hosts
+        for g in range(8)
+    ]
+
+
+def _alerts_for_onsets(gap_windows: int) -> list:
+    """A pool-wide drop on pool a, and one host of pool b dropping `gap_windows` later."""
+    counts = {("a", "m@v1"): 16, ("b", "m@v1"): 112}
+    corr = Correlator()
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    out = []
+    t_b = T0 + gap_windows * W
+    for now in np.arange(T0 + 3 * W, t_b + 12 * W, W):
+        pts = [p for p in _pool_drop("a", T0, range(2)) + _pool_drop("b", t_b, range(1))
+               if p.detected_ts == now]  # fmt: skip
+        corr.add(pts, float(now), counts)
+        live = [i for i in corr.incidents if i.status == "open"]
+        out += life.due(live, float(now), counts, {"a-0": 8, "a-1": 8, "b-0": 8})
+    return out
+
+
+def test_incidents_on_two_pools_at_once_are_one_fleet_alert() -> None:
+    alerts = _alerts_for_onsets(1)
+    assert {a.id for a in alerts} == {alerts[0].id}
+    assert alerts[-1].scope.level == "fleet"
+    assert alerts[-1].scope.device_count == 24
+
+
+def test_a_host_incident_minutes_later_on_another_pool_keeps_its_own_alert() -> None:
+    """30 windows apart is not one rollout: pool b's host incident pages on its own, not
+    hidden as a child of pool a's alert (`fleet_day`, seed 6, missed it that way)."""
+    alerts = _alerts_for_onsets(30)
+    by_pool = {a.scope.pool: a for a in alerts}
+    assert set(by_pool) == {"a", "b"}
+    assert by_pool["b"].scope.level == "host"
+    assert all(a.scope.level != "fleet" for a in alerts)
+
+
+def test_a_deeper_drop_on_the_same_devices_is_re_sent_as_a_page() -> None:
+    """No new device and no new scope, but the loss crossed the page bar: the record goes
+    out now (before, only growth, scope or a rollback candidate re-sent an alert)."""
+    counts = {(POOL, OLD): 8}
+    corr = Correlator()
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    devices = [f"node-{i:03d}/gpu0" for i in range(8)]
+    corr.add([_mfu_drop(d) for d in devices], T0 + 3 * W, counts)
+    (first,) = life.due(corr.incidents, T0 + 4 * W, counts)
+    assert first.severity == "ticket"
+    assert life.due(corr.incidents, T0 + 5 * W, counts) == []
+    deeper = [_mfu_drop(d, onset=T0 + 4 * W, before=0.6426, after=0.50) for d in devices]
+    corr.add(deeper, T0 + 6 * W, counts)
+    (again,) = life.due(corr.incidents, T0 + 6 * W, counts)
+    assert again.id == first.id
+    assert again.severity == "page"
+    assert again.scope.device_count == first.scope.device_count
+    assert life.due(corr.incidents, T0 + 7 * W, counts) == []

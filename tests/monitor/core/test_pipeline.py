@@ -1,0 +1,257 @@
+"""The pure core end to end: records in, one correct alert out, bad input to dead letters."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from factories import T0, fleet, joining_fleet, msg, window
+
+from monitor.config import DetectorSettings, Settings
+from monitor.core.pipeline import Pipeline
+from monitor.daemon.prometheus import _state_bytes
+
+
+def _run(batches, settings: Settings | None = None):
+    p = Pipeline(settings or Settings())
+    alerts, dead = [], []
+    for b in batches:
+        out = p.process(b)
+        alerts.extend(out.alerts)
+        dead.extend(out.dead)
+    return p, alerts, dead
+
+
+def test_pool_regression_gives_one_alert_with_rollback() -> None:
+    """A kernel fallback on all of train-a pages once, at pool scope, naming the change."""
+    _, alerts, dead = _run(fleet(90, regress_at=49, change_at=48))
+    assert not dead
+    firing = [a for a in alerts if a.status == "firing"]
+    assert len({a.id for a in firing}) == 1, [a.summary for a in firing]
+    a = firing[0]
+    assert a.scope.pool == "train-a"
+    assert a.scope.level == "pool"
+    assert firing[-1].scope.device_count >= 14  # of 16: the pool, give or take a slow detector
+    assert all(d.startswith(("node-000", "node-001")) for d in a.scope.devices)
+    assert a.layers == ["attention"]
+    assert a.metric == "mfu"
+    assert -17 < a.delta_pct < -12
+    assert a.first_failing_stage == "lowering"
+    assert a.bottleneck == "kernel_selection"
+    assert a.suggestion.action == "rollback"
+    assert a.suggestion.change_id == "chg-1"
+    assert (a.suggestion.from_, a.suggestion.to) == ("2.4.0", "2.3.0")
+    assert a.severity == "page"
+    # Onset: end of the last healthy window (w=48), detected a few windows later.
+    assert a.onset_ts == T0 + 10.0 * 49
+    assert T0 + 10.0 * 50 <= a.detected_ts <= T0 + 10.0 * 60
+    assert {e.indicator for e in a.evidence} >= {"mfu", "kernel", "fallback_frac"}
+
+
+def test_material_floors_follow_the_settings() -> None:
+    """A 15% MFU drop is a material change point by default; with the MFU floor raised to
+    50% (detector.material_rel) the same change points are counted immaterial."""
+    batches = fleet(90, regress_at=49, change_at=48)
+    default, _, _ = _run(batches)
+    raised = Settings(detector=DetectorSettings(material_rel={"mfu": 0.5}))
+    strict, _, _ = _run(batches, raised)
+    assert default.point_counts["layer", "mfu", True] > 0
+    assert strict.point_counts["layer", "mfu", True] == 0
+    assert strict.point_counts["layer", "mfu", False] >= default.point_counts["layer", "mfu", True]
+    # Other metrics keep their default floors.
+    assert (
+        strict.point_counts["layer", "fallback_frac", True]
+        == default.point_counts["layer", "fallback_frac", True]
+    )
+
+
+def test_healthy_fleet_is_silent() -> None:
+    """No regression, no alert (noise, two pools, 90 windows)."""
+    _, alerts, _ = _run(fleet(90, seed=3))
+    assert alerts == []
+
+
+def test_no_rollback_for_change_after_onset() -> None:
+    """A change that lands after the regression began is never proposed."""
+    _, alerts, _ = _run(fleet(90, regress_at=49, change_at=60))
+    firing = [a for a in alerts if a.status == "firing"]
+    assert firing
+    assert all(a.suggestion.change_id is None for a in firing)
+    assert firing[0].suggestion.action in {"mitigate", "investigate"}
+
+
+def test_recovery_resolves_the_alert() -> None:
+    """After the pool returns to its old level the same alert id resolves."""
+    batches = fleet(80, regress_at=40, change_at=39)
+    healthy = fleet(120, seed=9)[80:]  # same devices, healthy level again
+    _, alerts, _ = _run(batches + healthy)
+    statuses = [(a.id, a.status) for a in alerts]
+    ids = {i for i, _ in statuses}
+    assert len(ids) == 1
+    assert statuses[-1][1] == "resolved"
+
+
+def test_bad_input_goes_to_dead_letters_without_losing_good_records() -> None:
+    """Malformed, invalid and late records are rejected with reasons; the rest still count."""
+    p = Pipeline(Settings())
+    good = [msg(window(f"n/gpu{i}", T0 + 10)) for i in range(4)]
+    bad = [
+        msg(b"{not json"),
+        msg(json.dumps(window("n/gpu9", T0 + 10, window_s=0)).encode()),
+        msg(
+            json.dumps(
+                window("n/gpu9", T0 + 10) | {"layers": [{"type": "mlp", "busy_s": -1}]}
+            ).encode()
+        ),
+    ]
+    out = p.process([bad[0], good[0], bad[1], good[1], bad[2], good[2], good[3]])
+    assert [d.reason.split(":")[0] for d in out.dead] == ["malformed JSON", "window_s",
+                                                           "layers[0].busy_s"]  # fmt: skip
+    assert p.counters["records_in"] == 4
+    late = p.process([msg(window("n/gpu0", T0 + 5)), msg(window("n/gpu1", T0 + 10)),
+                      msg(window("n/gpu2", T0 + 20))])  # fmt: skip
+    assert [d.reason.split(":")[0] for d in late.dead] == ["late"]
+    assert p.counters["records_duplicate"] == 1
+    assert p.counters["records_in"] == 5
+
+
+def test_unknown_hardware_keeps_other_indicators_flowing() -> None:
+    """Unknown hw: no MFU, reported once per device, and the stall stream still detects."""
+    p = Pipeline(Settings())
+    alerts = []
+    for w in range(80):
+        batch = []
+        for d in range(8):
+            stall = 0.3 * (1.4 if w >= 40 else 1.0) * (1 + 0.01 * ((w * 7 + d) % 5 - 2))
+            batch.append(msg(window(f"n0/gpu{d}", T0 + 10 * (w + 1), hw="mystery-9000",
+                                    stall=stall)))  # fmt: skip
+        alerts.extend(p.process(batch).alerts)
+    assert sorted(u[0] for u in p.unknown_hw) == [f"n0/gpu{d}" for d in range(8)]
+    assert p.counters["records_in"] == 640
+    assert alerts
+    assert alerts[0].metric == "stall_frac"
+    assert alerts[0].delta_pct > 30
+
+
+def test_same_regression_on_every_pool_is_one_fleet_alert() -> None:
+    """A fleet-wide driver rollout hurting both pools pages once, at fleet scope, with it."""
+    batches = fleet(90, regress_at=49, change_at=48, regress_pool="*", change_kind="driver",
+                    change_scope={}, kernel_fallback=False)  # fmt: skip
+    _, alerts, _ = _run(batches)
+    firing = [a for a in alerts if a.status == "firing"]
+    assert firing
+    assert {a.id for a in firing} == {firing[0].id}
+    last = firing[-1]
+    assert last.scope.level == "fleet"
+    assert last.scope.pool is None
+    assert last.scope.device_count >= 28  # of 32, both pools
+    assert {d.split("/")[0] for d in last.scope.devices} == {f"node-{i:03d}" for i in range(4)}
+    assert last.first_failing_stage == "execution"
+    assert last.suggestion.change_id == "chg-1"
+    assert "2 pools" in last.summary
+
+
+def test_pool_scoped_change_does_not_explain_a_fleet_incident() -> None:
+    """A change rolled out to one pool is not proposed for a regression across the fleet."""
+    batches = fleet(90, regress_at=49, change_at=48, regress_pool="*", change_kind="driver",
+                    change_scope={"pool": "train-a"}, kernel_fallback=False)  # fmt: skip
+    _, alerts, _ = _run(batches)
+    last = [a for a in alerts if a.status == "firing"][-1]
+    assert last.scope.level == "fleet"
+    assert last.suggestion.change_id is None
+
+
+def test_memory_stays_flat_as_devices_come_and_go() -> None:
+    """Devices replaced every 12 windows (new names): silent ones expire, their rows are
+    reused, and detector capacity and state stop growing after the first generations."""
+    settings = Settings(detector=DetectorSettings(stream_ttl_s=60.0))
+    p = Pipeline(settings)
+    rng = np.random.default_rng(4)
+    sizes: list[tuple[int, int, int]] = []
+    alerts = []
+    for w in range(240):
+        gen = w // 12
+        ts = T0 + 10.0 * (w + 1)
+        batch = [
+            msg(window(f"gen{gen:03d}-{d // 8}/gpu{d % 8}", ts,
+                       mfu=0.45 * (1 + 0.02 * rng.standard_normal())), partition=0)
+            for d in range(16)
+        ]  # fmt: skip
+        alerts.extend(p.process(batch).alerts)
+        if w % 12 == 11:
+            st = p.partitions[0]
+            sizes.append((len(st.table.devices), st.layer_detector.capacity, _state_bytes(st)))
+    assert alerts == []
+    # At most the live generation plus the ones not yet past the TTL.
+    assert max(n for n, _, _ in sizes[3:]) <= 16 * 8
+    # Flat: the second half of the run holds no more than the first half's peak.
+    half = len(sizes) // 2
+    assert max(c for _, c, _ in sizes[half:]) <= max(c for _, c, _ in sizes[:half])
+    assert max(b for _, _, b in sizes[half:]) <= max(b for _, _, b in sizes[:half])
+    # And without expiry it would have grown: 20 generations of 16 devices.
+    assert max(n for n, _, _ in sizes) < 20 * 16
+
+
+def test_new_devices_start_from_their_pools_noise_model() -> None:
+    """With `warm_start`, a device joining a mature pool gets its (pool, model, layer)
+    family's AR estimates at the end of its burn-in; without it, only its own."""
+
+    def joiners_warm(params: dict[str, float]) -> tuple[int, int, Pipeline]:
+        p, _, _ = _run(joining_fleet(), Settings(detector=DetectorSettings(params=params)))
+        st = p.partitions[0]
+        det = st.layer_detector
+        k = det.n_metrics
+        rows = [st.table.layer_index[(st.table.devices[f"node-new/gpu{d}"].row, "attention")]
+                for d in range(4)]  # fmt: skip
+        cells = (np.array(rows)[:, None] * k + np.arange(k)).ravel()
+        s = det._s
+        assert len(st.table.devices) == 12
+        return int((det.ar_counts()[cells] > s["ns"][cells]).sum()), cells.size, p
+
+    warm, cells, p = joiners_warm({"warm_start": 48})
+    assert warm >= cells // 4  # the metrics with a spread to learn from
+    # Counted for /metrics: every borrowing cell (attention and mlp layers), and the
+    # first devices, which had no mature family to borrow from.
+    assert p.warm_counts["layer", "borrowed"] >= warm
+    assert p.warm_counts["layer", "no_donor"] >= 8 * 2  # a metric per layer, at least
+    cold, _, q = joiners_warm({})
+    assert cold == 0
+    assert not q.warm_counts
+
+
+def test_a_revoked_partition_takes_its_open_incident_to_the_next_owner() -> None:
+    """Hand-over: the old owner drops the incident and names its alert for the sinks to
+    forget; the partition's checkpoint carries it; the new owner re-sends it at its first
+    batch, and then resolves it when the fix lands."""
+    bad, good = fleet(72, regress_at=45, change_at=44), fleet(140)
+    old, alerts, _ = _run(bad[:70])
+    (aid,) = {a.id for a in alerts if a.status == "firing"}
+    # The factory spreads devices over partitions 0-3; the lowest one owns the incident.
+    blobs = {p: old.snapshot_partition(p) for p in range(4)}
+    assert [old.hand_over(p) for p in (1, 2, 3)] == [[], [], []]
+    assert old.hand_over(0) == [aid]
+    assert old.handed_over == [aid]
+    assert not old.correlator.incidents
+    assert old.keep_incidents_of(set()) == []  # nothing left to hand over
+
+    new = Pipeline(Settings())
+    for p, blob in blobs.items():
+        new.restore_partition(p, blob)
+    # Every member reads every change event; the Kafka source re-reads them at start and
+    # sends them with its first batch.
+    first = new.process([m for b in bad for m in b if m.topic == "flopwatch.changes"])
+    assert [(a.id, a.status, a.suggestion.change_id) for a in first.alerts] == [
+        (aid, "firing", "chg-1")
+    ]
+    assert not new.process(bad[70]).alerts  # said once
+    later = [a for b in bad[71:] + good[72:] for a in new.process(b).alerts]
+    assert [(a.id, a.status) for a in later][-1] == (aid, "resolved")
+
+
+def test_restored_incidents_of_other_partitions_are_handed_over() -> None:
+    """A member's incidents checkpoint may hold incidents another member owns now."""
+    p, alerts, _ = _run(fleet(70, regress_at=45, change_at=44))
+    (aid,) = {a.id for a in alerts if a.status == "firing"}
+    assert p.keep_incidents_of({0}) == []
+    assert p.keep_incidents_of({1, 2}) == [aid]
+    assert not p.correlator.incidents

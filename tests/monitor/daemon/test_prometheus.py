@@ -1,0 +1,152 @@
+"""Daemon metrics: read from the live objects at scrape time, into an injected registry."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from factories import fleet, joining_fleet, msg
+from prometheus_client import CollectorRegistry, generate_latest
+
+from monitor.config import DetectorSettings, Settings
+from monitor.core.pipeline import Pipeline
+from monitor.core.types import RawMessage
+from monitor.daemon.prometheus import register_metrics
+from monitor.daemon.runner import Runner
+from monitor.sinks.memory import ListSink
+from monitor.wire import Alert
+
+
+class ListSource:
+    """Yields fixed batches."""
+
+    def __init__(self, batches: list[list[RawMessage]]) -> None:
+        self._batches = batches
+
+    async def batches(self) -> AsyncIterator[list[RawMessage]]:
+        for b in self._batches:
+            yield b
+
+    async def commit(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class BrokenSink:
+    """Fails every send."""
+
+    name = "broken"
+
+    async def send(self, alerts: Sequence[Alert]) -> None:
+        raise ConnectionError("down")
+
+    async def close(self) -> None:
+        return None
+
+
+NEGATIVE = json.dumps({"v": 1, "ts": 5.0, "window_s": 10, "device": "x",
+                       "layers": [{"type": "mlp", "busy_s": -1}]}).encode()  # fmt: skip
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+async def test_counters_follow_records_dead_letters_and_alerts() -> None:
+    """Known bad records show up by reason; good ones as accepted; alerts by sink and status."""
+    batches = fleet(70, regress_at=40, change_at=39)
+    batches[5] = [*batches[5], msg(b'{"v":1,"ts":'), msg(NEGATIVE), msg(NEGATIVE)]
+    sink = ListSink()
+    runner = Runner(ListSource(batches), Pipeline(Settings()), [sink])
+    registry = register_metrics(CollectorRegistry(), runner, ready=lambda: True)
+    assert _value(registry, "flopwatch_records_total", outcome="accepted") == 0
+    assert _value(registry, "flopwatch_dead_letters_total", reason="layers[0].busy_s") is None
+
+    await runner.run()
+
+    assert _value(registry, "flopwatch_records_total", outcome="accepted") == 70 * 32
+    assert _value(registry, "flopwatch_records_total", outcome="invalid") == 3
+    assert _value(registry, "flopwatch_dead_letters_total", reason="layers[0].busy_s") == 2
+    malformed = [s for m in registry.collect() if m.name == "flopwatch_dead_letters"
+                 for s in m.samples if s.labels["reason"].startswith("malformed JSON")]  # fmt: skip
+    assert [s.value for s in malformed] == [1]
+    assert _value(registry, "flopwatch_change_events_total") == 1
+    # The regressed layer's MFU fired as material change points, counted by stream and
+    # metric, and every reported alarm became a change point.
+    pipe = runner.pipeline
+    assert (_value(registry, "flopwatch_change_points_total", stream="layer", metric="mfu",
+                   material="true") or 0) > 0  # fmt: skip
+    reported = sum(n for (_, outcome), n in pipe.alarm_counts.items() if outcome == "reported")
+    assert reported == sum(n for key, n in pipe.point_counts.items() if key[1] != "kernel") > 0
+    assert (
+        sum(pipe.point_counts.values())
+        == pipe.counters["change_points"] + pipe.counters["change_points_immaterial"]
+    )
+    for (stream, outcome), n in pipe.alarm_counts.items():
+        assert _value(registry, "flopwatch_detector_alarms_total", stream=stream,
+                      outcome=outcome) == n  # fmt: skip
+    assert _value(registry, "flopwatch_streams", kind="device") == 32
+    assert _value(registry, "flopwatch_streams", kind="layer") == 64
+    assert _value(registry, "flopwatch_detector_state_bytes", partition="0") > 0
+    firing = [a for a in sink.alerts if a.status == "firing"]
+    assert firing
+    assert _value(registry, "flopwatch_alerts_sent_total", sink="list", status="firing") == len(
+        firing
+    )
+    last = firing[-1]
+    assert _value(registry, "flopwatch_alerts_firing", severity=last.severity,
+                  scope=last.scope.level) == 1  # fmt: skip
+    assert _value(registry, "flopwatch_incidents_open", paged="true", scope=last.scope.level) == 1
+    assert _value(registry, "flopwatch_watermark_seconds") == max(
+        runner.pipeline.partition_ts.values()
+    )
+    assert _value(registry, "flopwatch_ready") == 1
+    assert _value(registry, "flopwatch_checkpoint_writes_total") is None  # no checkpointer
+    text = generate_latest(registry).decode()
+    assert "# TYPE flopwatch_records_total counter" in text
+    assert "process_cpu_seconds_total" in text
+
+
+async def test_sink_errors_are_counted_per_sink() -> None:
+    """A failing sink stops the runner (nothing is committed) and is counted by name."""
+    runner = Runner(ListSource(fleet(70, regress_at=40, change_at=39)), Pipeline(Settings()),
+                    [ListSink(), BrokenSink()])  # fmt: skip
+    registry = register_metrics(CollectorRegistry(), runner)
+    with pytest.raises(ConnectionError):
+        await runner.run()
+    assert _value(registry, "flopwatch_sink_errors_total", sink="broken") == 1
+    assert _value(registry, "flopwatch_alerts_sent_total", sink="list", status="firing") == 1
+    assert _value(registry, "flopwatch_alerts_sent_total", sink="broken", status="firing") is None
+
+
+def test_detector_restores_are_counted_by_outcome() -> None:
+    """After a restart under a new `h`, /metrics says the state was kept and retuned."""
+    first = Pipeline(Settings())
+    for batch in fleet(40):
+        first.process(batch)
+    blobs = {p: first.snapshot_partition(p) for p in first.partitions}
+    pipeline = Pipeline(Settings(detector=DetectorSettings(h=13.0)))
+    for p, blob in blobs.items():
+        pipeline.restore_partition(p, blob)
+    registry = register_metrics(CollectorRegistry(), Runner(ListSource([]), pipeline, []))
+    name = "flopwatch_detector_restores_total"
+    assert _value(registry, name, outcome="retuned") == 4 * len(blobs)
+    assert _value(registry, name, outcome="reset") == 0
+
+
+async def test_warm_starts_are_counted_by_outcome() -> None:
+    """`flopwatch_detector_warm_starts_total` shows what became of streams finishing
+    burn-in under `warm_start`: joiners of a mature pool borrowed, the first devices did not."""
+    settings = Settings(detector=DetectorSettings(params={"warm_start": 48}))
+    runner = Runner(ListSource(joining_fleet()), Pipeline(settings), [ListSink()])
+    registry = register_metrics(CollectorRegistry(), runner, ready=lambda: True)
+    await runner.run()
+    counts = runner.pipeline.warm_counts
+    assert counts["layer", "borrowed"] > 0
+    assert counts["layer", "no_donor"] > 0
+    for (stream, outcome), n in counts.items():
+        assert _value(registry, "flopwatch_detector_warm_starts_total", stream=stream,
+                      outcome=outcome) == n  # fmt: skip
