@@ -112,7 +112,7 @@ async def consume(kafka: KafkaSettings, n: int) -> float:
     pipeline = Pipeline(Settings(kafka=kafka))
 
     def caught_up() -> bool:
-        return pipeline.counters["records_in"] + pipeline.counters["records_rejected"] >= n
+        return pipeline.stats.records_in + pipeline.stats.records_rejected >= n
 
     # Steady state: from the first fetched batch to the last one processed, so the
     # consumer-group join (seconds on any broker) is not counted as throughput.
@@ -130,7 +130,7 @@ async def consume(kafka: KafkaSettings, n: int) -> float:
     runner = Runner(source, pipeline, [], stop_when_idle=caught_up)
     await runner.run()
     await source.close()
-    return pipeline.counters["records_in"] / (stamps[-1] - stamps[0])
+    return pipeline.stats.records_in / (stamps[-1] - stamps[0])
 
 
 async def bench_repartition(kafka: KafkaSettings, n: int) -> float:

@@ -95,7 +95,7 @@ class DetectorSettings(_Frozen):
     material_rel: dict[str, float] = Field(
         default_factory=dict,
         description="per metric: smallest shift reported, relative to the level before "
-        "(overrides the defaults in monitor/metrics.py, e.g. {lat_p99_ms: 0.2})",
+        "(overrides the defaults in monitor/indicators.py, e.g. {lat_p99_ms: 0.2})",
     )
     material_abs: dict[str, float] = Field(
         default_factory=dict,
@@ -276,8 +276,20 @@ def first_error(exc: ValidationError, top: str) -> str:
     return f"{where}: {what}{more}"
 
 
+def mask_url(url: str) -> str:
+    """A URL with its user-info (credentials) replaced by '***'."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
 def masked_dump(settings: Settings) -> dict[str, Any]:
-    """The effective configuration as JSON-able data, secrets shown as '**********'."""
+    """The effective configuration as JSON-able data: secrets (SecretStr, which JSON mode
+    dumps as '**********') and credentials in URLs masked."""
     data: dict[str, Any] = settings.model_dump(mode="json")
-    # SecretStr dumps masked in json mode already; keep the shape explicit for reviewers.
+    am = data["sinks"]["alertmanager"]
+    am["urls"] = [mask_url(u) for u in am["urls"]]
+    if am["external_url"]:
+        am["external_url"] = mask_url(am["external_url"])
     return data

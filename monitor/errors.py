@@ -51,6 +51,10 @@ class CheckpointError(FlopwatchError):
     retriable = True
 
 
+class StateVersionError(FlopwatchError):
+    """A checkpoint written by another state version: that partition starts fresh."""
+
+
 class BrokerError(FlopwatchError, RuntimeError):
     """The embedded broker could not be started."""
 

@@ -123,6 +123,8 @@ class ChangeEvent(msgspec.Struct, frozen=True, rename={"from_": "from"}):
 
 
 Stage = Literal["ingress", "lowering", "scheduling", "execution", "validation", "release"]
+Severity = Literal["page", "ticket", "info"]
+ScopeLevel = Literal["device", "host", "pool", "fleet"]
 STAGES: tuple[Stage, ...] = (
     "ingress", "lowering", "scheduling", "execution", "validation", "release",
 )  # fmt: skip
@@ -131,7 +133,7 @@ STAGES: tuple[Stage, ...] = (
 class AlertScope(msgspec.Struct, frozen=True, kw_only=True):
     """Where an incident is: the widest fitting level and the devices it covers."""
 
-    level: Literal["device", "host", "pool", "fleet"]
+    level: ScopeLevel
     pool: str | None = None
     model: str | None = None
     hosts: list[str] = msgspec.field(default_factory=list)
@@ -173,7 +175,7 @@ class Alert(msgspec.Struct, frozen=True):
     ts: float
     onset_ts: float
     detected_ts: float
-    severity: Literal["page", "ticket", "info"]
+    severity: Severity
     scope: AlertScope
     layers: list[str]
     metric: str
@@ -216,7 +218,7 @@ def _type_words(t: str) -> str:
 def _bound(rest: str) -> str:
     rest = rest.split(", got", maxsplit=1)[0].strip()
     rest = re.sub(r"(\d)\.0\b", r"\1", rest)
-    return rest.replace("of length", "of length").replace("matching regex", "matching")
+    return rest.replace("matching regex", "matching")
 
 
 def _reason(exc: msgspec.ValidationError, data: bytes) -> str:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from monitor.arrays import F64, I64
 from sim.fleet import Fleet
 from sim.physics import Modifiers
@@ -133,8 +131,3 @@ class ModelDeploy(Fault):
         mods.model_rows()[loc] = self.model_row
         if self.quality_delta:
             mods.d("quality_delta", 0.0)[loc] = self.quality_delta
-
-
-def as_index(devices: I64 | list[int]) -> I64:
-    """Sorted unique device indices."""
-    return np.unique(np.asarray(devices, dtype=np.int64))

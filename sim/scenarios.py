@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from monitor.arrays import I64
 from sim.faults import (
     Contention,
     Cooling,
@@ -750,8 +749,3 @@ def get(name: str) -> Scenario:
         return SCENARIOS[name]
     except KeyError:
         raise UnknownScenario(name) from None
-
-
-def scope_devices(fleet: Fleet, devices: I64) -> list[str]:
-    """Device ids of `devices`."""
-    return [fleet.device_names[i] for i in devices.tolist()]

@@ -112,7 +112,7 @@ class Daemon:
     @property
     def records(self) -> int:
         """Window records the pipeline accepted."""
-        return self.pipeline.counters["records_in"]
+        return self.pipeline.stats.records_in
 
 
 async def until(cond: Callable[[], bool], what: str, within: float = 30.0) -> None:

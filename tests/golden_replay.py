@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from monitor.config import Settings
-from monitor.core.pipeline import Pipeline, _adjusters
+from monitor.core.pipeline import Pipeline
 from monitor.daemon.runner import Runner
 from monitor.sinks.memory import ListSink
 from monitor.sources.simulated import SimulatorSource
@@ -49,15 +49,12 @@ async def replay(name: str) -> dict[str, Any]:
                  pipeline, [sink]).run()  # fmt: skip
     state: dict[str, str] = {}
     for p, st in sorted(pipeline.partitions.items()):
-        for kind, det in (("layer", st.layer_detector), ("device", st.device_detector),
-                          ("pool_layer", st.pool_layer_detector),
-                          ("pool_device", st.pool_device_detector)):  # fmt: skip
-            assert det is not None
+        for kind, det in st.detectors.items():
             state[f"{p}/{kind}"] = _digest(det.snapshot())
-        for kind, adj in _adjusters(st).items():
+        for kind, adj in st.adjusters.items():
             if adj is not None:
                 snap = adj.snapshot()
-                state[f"{p}/{kind}"] = _digest(b"".join(snap[c] for c in sorted(snap)))
+                state[f"{p}/{kind}_load"] = _digest(b"".join(snap[c] for c in sorted(snap)))
     alerts = [msgspec.json.encode(a).decode() for a in sink.alerts]
     return {"alerts": alerts, "state": state}
 

@@ -39,6 +39,7 @@ from monitor.checkpoint.format import Checkpoint, offset_key
 from monitor.checkpoint.store import CheckpointStore, Written
 from monitor.config import CheckpointSettings, KafkaSettings
 from monitor.core.pipeline import Pipeline
+from monitor.errors import StateVersionError
 from monitor.log import get_logger
 
 
@@ -52,6 +53,7 @@ class CheckpointStats:
     restores: int = 0  # partitions restored from a checkpoint
     incident_restores: int = 0
     restore_failures: int = 0  # a checkpoint found but unusable (fell back)
+    version_mismatches: int = 0  # written by another state version (fell back)
     last_write_s: float = 0.0  # wall time of the last save round
     last_restore_s: float = 0.0
     # Per samples partition: when its stored state was last current (clock units), size.
@@ -236,6 +238,10 @@ class Checkpointer:
             try:
                 blob = await asyncio.to_thread(cp.payload)
                 outcomes = self.pipeline.restore_partition(p, blob)
+            except StateVersionError as exc:
+                self._version_mismatch(cp, exc)
+                self._forget(p)
+                continue
             except Exception as exc:  # noqa: BLE001 - a bad checkpoint must never stop the daemon
                 self.stats.restore_failures += 1
                 self.log.warning("unusable checkpoint, trying an older one", key=cp.key,
@@ -266,6 +272,9 @@ class Checkpointer:
             try:
                 blob = await asyncio.to_thread(cp.payload)
                 self.pipeline.restore_incidents(blob)
+            except StateVersionError as exc:
+                self._version_mismatch(cp, exc)
+                continue
             except Exception as exc:  # noqa: BLE001 - a bad checkpoint must never stop the daemon
                 self.stats.restore_failures += 1
                 self.log.warning("unusable incidents checkpoint, trying an older one",
@@ -274,13 +283,18 @@ class Checkpointer:
             self.stats.incident_restores += 1
             return
 
+    def _version_mismatch(self, cp: Checkpoint, exc: StateVersionError) -> None:
+        """Another build's state: never guessed at; the partition starts fresh (or from an
+        older checkpoint this build wrote)."""
+        self.stats.version_mismatches += 1
+        self.log.warning("checkpoint of another state version, not restored", key=cp.key,
+                         checkpoint=cp.id, reason=str(exc))  # fmt: skip
+
     def _forget(self, p: int) -> None:
         # A partition that left (or whose restore failed half-way) must not keep state:
         # if it comes back, it is restored from the newest checkpoint instead. Its open
         # incidents went into that checkpoint too, for the partition's next owner.
-        self.pipeline.hand_over(p)
-        self.pipeline.partitions.pop(p, None)
-        self.pipeline.partition_ts.pop(p, None)
+        self.pipeline.forget_partition(p)
         self._saved.pop(p, None)
         self.stats.saved_at.pop(p, None)
         self.stats.stored_bytes.pop(p, None)

@@ -81,7 +81,8 @@ class CheckpointStore:
         if self.mac_key is None and warn_unsigned:
             get_logger("checkpoint").warning(
                 "checkpoints are not authenticated: whoever can produce to the state topic "
-                "can run code here; set checkpoint.key or restrict the topic's produce ACLs",
+                "can forge detector and incident state; set checkpoint.key or restrict the "
+                "topic's produce ACLs",
                 topic=self.topic,
             )
 

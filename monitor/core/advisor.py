@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from monitor.core.correlator import Incident
+from monitor.indicators import LOAD_FOLLOWING, QUEUEING
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
 # Which first-failing stages a kind of change can explain. A compiler picks kernels and
@@ -25,6 +26,45 @@ KIND_STAGES: dict[str, frozenset[Stage]] = {
     "traffic_policy": frozenset({"ingress"}),
     "model": frozenset({"validation"}),
 }
+
+# Offered load this far above the pool's recent level makes a queueing-only incident
+# overload: the pool lacks capacity for the traffic, nothing regressed.
+OVERLOAD_RATIO = 1.25
+
+
+# The decision matrix: a stage that names its class outright, then what moved.
+_STAGE_CLASS: dict[str, str] = {
+    "ingress": "ingress",
+    "lowering": "kernel_selection",
+    "scheduling": "memory_locality",
+}
+_MOVED_CLASS: tuple[tuple[frozenset[str], str], ...] = (
+    (frozenset({"sync_frac"}), "synchronisation"),
+    (frozenset({"clock_mhz"}), "thermal_power"),
+    (frozenset({"occupancy", "stall_frac"}), "memory_locality"),
+    (frozenset({"lat_p95_ms", "lat_p99_ms", "queue_wait_ms"}), "contention"),
+)
+
+
+def bottleneck_class(stage: Stage, indicators: set[str], load_ratio: float = 1.0) -> str:
+    """Bottleneck class from the first failing stage and what moved (decision matrix).
+
+    Queueing moved, with nothing else but what follows load (heat, utilisation), while
+    offered load rose by `OVERLOAD_RATIO` or more: overload (pass the ratio only for an
+    incident whose primary metric is a queueing or load-following one).
+    """
+    if (
+        indicators & QUEUEING
+        and indicators <= QUEUEING | LOAD_FOLLOWING
+        and load_ratio >= OVERLOAD_RATIO
+    ):
+        return "overload"
+    if stage in _STAGE_CLASS:
+        return _STAGE_CLASS[stage]
+    if stage == "validation" and "quality" in indicators:
+        return "quality"
+    return next((cls for moved, cls in _MOVED_CLASS if indicators & moved), "unclassified")
+
 
 NEXT_STEP: dict[str, tuple[str, str]] = {
     "kernel_selection": ("mitigate", "pin the previous kernel variant for the affected layers"),

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from statistics import median
+from typing import Literal
 
 from monitor.indicators import (
     BAD_DIRECTION,
     CORROBORATING,
-    LOAD_FOLLOWING,
     LOAD_METRICS,
     PRIMARY_METRICS,
     PRIMARY_ORDER,
-    QUEUEING,
 )
-from monitor.wire import STAGES, Stage
+from monitor.wire import STAGES, ScopeLevel, Stage
+
+IncidentStatus = Literal["open", "resolved"]
 
 # How far before an incident's onset a cause may show (windows), and on what share of
 # the incident's devices an indicator must move to count as its evidence.
@@ -34,9 +35,6 @@ SUPPORT_SHARE = 0.25
 # A multi-device incident confirms on this share of its pool, or on hosts most of whose
 # devices moved.
 CLUSTER_SHARE = 0.25
-# Offered load this far above the pool's recent level makes a queueing-only incident
-# overload: the pool lacks capacity for the traffic, nothing regressed.
-OVERLOAD_RATIO = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +71,13 @@ class ChangePoint:
         return sign != 0 and (self.after - self.before) * sign > 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: parents and children refer to each other
 class Incident:
-    """A set of related regressions on one pool/model, growing while it fires."""
+    """A set of related regressions on one pool/model, growing while it is open.
+
+    Grouping state only: what the alert lifecycle has sent and observed of it lives
+    in `lifecycle.AlertState`, keyed by `alert_id`.
+    """
 
     pool: str | None
     model: str | None
@@ -85,24 +87,31 @@ class Incident:
     group_window_s: float = 300.0
     points: list[ChangePoint] = field(default_factory=list)
     evidence: list[ChangePoint] = field(default_factory=list)
-    status: str = "open"  # open | resolved
+    # Offered-load shifts (LOAD_METRICS) of the pool around the onset: context, not evidence.
+    load: list[ChangePoint] = field(default_factory=list)
+    status: IncidentStatus = "open"
+    resolved_ts: float = 0.0
+    # Its identity once it paged (a fingerprint, `lifecycle.fingerprint`); a paged incident
+    # that is still open goes on absorbing the same regression showing again.
     alert_id: str | None = None
-    emitted_devices: int = 0
-    emitted_level: str = ""
-    emitted_change: str | None = None
-    emitted_severity: str = ""  # of the last record sent ("" before the first)
-    healthy_windows: int = 0
-    bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
-    recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back
+    # The most devices its (pool, model) had while it was open. A model rollout moves the
+    # pool's devices to the new model, and judged against the old model's count (then 0),
+    # three noisy devices would confirm it and weigh as the whole pool.
+    pool_size: int = 0
     # Fleet scope: the same regression on several pools pages once, as the parent.
     parent: Incident | None = None
     children: list[Incident] = field(default_factory=list)
+
+    @property
+    def paging(self) -> bool:
+        """Open, paged and top-level: an incident on-call has been told about."""
+        return self.status == "open" and self.alert_id is not None and self.parent is None
 
     def merged(self) -> Incident:
         """This incident with its fleet children folded in (pool unset; model if shared)."""
         members = [self, *self.children]
         models = {m.model for m in members}
-        view = Incident(
+        return Incident(
             None,
             models.pop() if len(models) == 1 else None,
             self.anchor_ts,
@@ -112,24 +121,13 @@ class Incident:
             points=[p for m in members for p in m.points],
             evidence=[e for m in members for e in m.evidence],
             load=[e for m in members for e in m.load],
+            alert_id=self.alert_id,
         )
-        view.alert_id = self.alert_id
-        return view
 
     @property
     def pools(self) -> list[str]:
         """Pools this incident spans (one, or several for a fleet incident)."""
         return sorted({m.pool or "" for m in (self, *self.children)})
-
-    observed_ts: float = 0.0  # recovery is judged only on windows after this
-    last_ts: float = 0.0
-    # Offered-load shifts (LOAD_METRICS) of the pool around the onset: context, not evidence.
-    # An incident from an older checkpoint lacks it (`Correlator.fill_missing_fields`).
-    load: list[ChangePoint] = field(default_factory=list)
-    # The most devices its (pool, model) had while it was open. A model rollout moves the
-    # pool's devices to the new model, and judged against the old model's count (then 0),
-    # three noisy devices would confirm it and weigh as the whole pool.
-    pool_size: int = 0
 
     def pool_devices(self, counts: Mapping[tuple[str | None, str | None], int]) -> int:
         """Devices of its (pool, model) to judge it against: now, or the most seen while open."""
@@ -311,7 +309,7 @@ class Incident:
         when = min(by_devices, by_mechanism, by_aggregate)
         return None if when == math.inf else when
 
-    def scope_level(self, pool_devices: int, pool_fraction: float) -> str:
+    def scope_level(self, pool_devices: int, pool_fraction: float) -> ScopeLevel:
         """device, host or pool, from how many of the pool's devices moved.
 
         `pool` once `pool_fraction` of the pool moved; `host` when the devices share
@@ -332,7 +330,7 @@ class Correlator:
     def __init__(self, group_window_s: float = 300.0) -> None:
         self.group_window_s = group_window_s
         self.incidents: list[Incident] = []
-        self._recent: list[ChangePoint] = []  # non-primary evidence waiting for an incident
+        self.recent: list[ChangePoint] = []  # non-primary evidence waiting for an incident
 
     def add(
         self,
@@ -348,48 +346,50 @@ class Correlator:
             return p.metric in PRIMARY_METRICS and p.is_regression and not p.is_aggregate
 
         primary = [p for p in points if opens(p)]
-        other = [p for p in points if not opens(p)]
         for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):
-            inc = self._match(p, sizes.get((p.pool, p.model), 0))
-            if inc is None:
-                inc = Incident(
-                    p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s, self.group_window_s
-                )
-                self.incidents.append(inc)
-                for e in self._recent:
-                    if self._fits(inc, e):
-                        (inc.load if e.metric in LOAD_METRICS else inc.evidence).append(e)
+            inc = self._home(p, sizes.get((p.pool, p.model), 0))
             inc.points.append(p)
             touched[id(inc)] = inc
-        for e in other:
-            if e.metric in LOAD_METRICS:
-                for inc in self.incidents:
-                    if inc.status == "open" and self._fits(inc, e):
-                        inc.load.append(e)
-                self._recent.append(e)
-                continue
-            if not e.is_regression:
-                self._note_recovery(e)
-                continue
-            homes = [i for i in self.incidents if i.status == "open" and self._fits(i, e)]
-            for inc in homes:
-                inc.evidence.append(e)
+        for e in (p for p in points if not opens(p)):
+            for inc in self._file(e):
                 touched[id(inc)] = inc
-            self._recent.append(e)
         for inc in self.incidents:
             if inc.status == "open":
                 inc.pool_size = max(inc.pool_size, sizes.get((inc.pool, inc.model), 0))
         horizon = now_ts - 2 * self.group_window_s
-        self._recent = [e for e in self._recent if e.detected_ts >= horizon]
+        self.recent = [e for e in self.recent if e.detected_ts >= horizon]
         return list(touched.values())
 
-    def _note_recovery(self, p: ChangePoint) -> None:
-        """A primary metric stepping back up on a paged incident's device: a fix showing."""
-        for inc in self.incidents:
-            if inc.status != "open" or inc.alert_id is None or p.metric != inc.primary_metric:
-                continue
-            if any(q.device == p.device and q.layer == p.layer for q in inc.primary_points()):
-                inc.recovered.add(p.device)
+    def _home(self, p: ChangePoint, pool_size: int) -> Incident:
+        """The incident a regression of a primary metric joins, or a new one it opens (which
+        takes in the recent evidence that fits it)."""
+        inc = self._match(p, pool_size)
+        if inc is None:
+            inc = Incident(
+                p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s, self.group_window_s
+            )
+            self.incidents.append(inc)
+            for e in self.recent:
+                if self._fits(inc, e):
+                    (inc.load if e.metric in LOAD_METRICS else inc.evidence).append(e)
+        return inc
+
+    def _file(self, e: ChangePoint) -> list[Incident]:
+        """File a non-opening point: load context, or evidence of the open incidents it fits
+        (returned); kept a while for incidents that open later. Steps back are skipped."""
+        if e.metric in LOAD_METRICS:
+            for inc in self.incidents:
+                if inc.status == "open" and self._fits(inc, e):
+                    inc.load.append(e)
+            self.recent.append(e)
+            return []
+        if not e.is_regression:
+            return []  # a step back: the lifecycle's business (`AlertLifecycle.note_steps`)
+        homes = [i for i in self.incidents if i.status == "open" and self._fits(i, e)]
+        for inc in homes:
+            inc.evidence.append(e)
+        self.recent.append(e)
+        return homes
 
     def _fits(self, inc: Incident, p: ChangePoint) -> bool:
         return (
@@ -419,61 +419,11 @@ class Correlator:
                 return inc
         return None
 
-    def fill_missing_fields(self) -> None:
-        """Give incidents unpickled from an older version the fields they lack (defaults).
-
-        A checkpoint written before a field existed restores without it; reading it would
-        raise and lose the partition's incidents.
-        """
-        todo = list(self.incidents)
-        while todo:
-            inc = todo.pop()
-            for f in fields(Incident):
-                if not hasattr(inc, f.name):
-                    factory = f.default_factory
-                    value = factory() if factory is not MISSING else f.default
-                    setattr(inc, f.name, value)
-            todo.extend(inc.children)
-
     def drop_resolved(self, now_ts: float, keep_s: float) -> None:
         """Forget resolved incidents older than keep_s, and never-paged ones gone stale."""
         self.incidents = [
             i
             for i in self.incidents
             if (i.status == "open" and (i.alert_id is not None or now_ts - i.anchor_ts <= keep_s))
-            or (i.status != "open" and now_ts - i.last_ts <= keep_s)
+            or (i.status != "open" and now_ts - i.resolved_ts <= keep_s)
         ]
-
-
-def bottleneck_class(stage: Stage, indicators: set[str], load_ratio: float = 1.0) -> str:
-    """Bottleneck class from the first failing stage and what moved (decision matrix).
-
-    Queueing moved, with nothing else but what follows load (heat, utilisation), while
-    offered load rose by `OVERLOAD_RATIO` or more: overload (pass the ratio only for an
-    incident whose primary metric is a queueing or load-following one).
-    """
-    if (
-        indicators & QUEUEING
-        and indicators <= QUEUEING | LOAD_FOLLOWING
-        and load_ratio >= OVERLOAD_RATIO
-    ):
-        return "overload"
-    if stage == "ingress":
-        return "ingress"
-    if stage == "lowering":
-        return "kernel_selection"
-    if stage == "scheduling":
-        return "memory_locality"
-    if stage == "validation" and "quality" in indicators:
-        return "quality"
-    if "sync_frac" in indicators:
-        return "synchronisation"
-    if "clock_mhz" in indicators and indicators & {"temp_c", "power_w"}:
-        return "thermal_power"
-    if "clock_mhz" in indicators:
-        return "thermal_power"
-    if "occupancy" in indicators or "stall_frac" in indicators:
-        return "memory_locality"
-    if indicators & {"lat_p95_ms", "lat_p99_ms", "queue_wait_ms"}:
-        return "contention"
-    return "unclassified"

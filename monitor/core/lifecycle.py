@@ -10,22 +10,33 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from monitor.config import AlertSettings
-from monitor.core.advisor import Advisor
-from monitor.core.correlator import ChangePoint, Incident, bottleneck_class
+from monitor.core.advisor import Advisor, bottleneck_class
+from monitor.core.correlator import ChangePoint, Incident
 from monitor.indicators import (
     BAD_DIRECTION,
     DEVICE_METRICS,
     LAYER_METRICS,
     LOAD_FOLLOWING,
+    LOAD_METRICS,
     QUEUEING,
 )
-from monitor.wire import STAGES, Alert, AlertScope, Evidence, Stage
+from monitor.wire import (
+    STAGES,
+    Alert,
+    AlertScope,
+    Evidence,
+    ScopeLevel,
+    Severity,
+    Stage,
+    Suggestion,
+)
 
 if TYPE_CHECKING:
     from monitor.core.types import NormView
@@ -49,7 +60,22 @@ def fingerprint(*parts: object) -> str:
 # the fleet alert then hid the host incident (`fleet_day`, seed 6). A rollout staged pool by
 # pool pages per pool, each with its own change to roll back.
 FLEET_ONSET_WINDOWS = 6
-_RANK = {"info": 0, "ticket": 1, "page": 2}
+_RANK: dict[Severity, int] = {"info": 0, "ticket": 1, "page": 2}
+
+
+@dataclass(slots=True)
+class AlertState:
+    """What the lifecycle sent of one paged incident, and how its recovery is going."""
+
+    devices: int = 0  # device count of the last record sent
+    level: ScopeLevel | None = None  # scope level of the last record sent
+    change: str | None = None  # rollback change id of the last record sent
+    severity: Severity | None = None  # of the last record sent
+    sent_ts: float = 0.0  # event time of the last record sent
+    observed_ts: float = 0.0  # recovery is judged only on windows after this
+    healthy_windows: int = 0
+    bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
+    recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back
 
 
 class AlertLifecycle:
@@ -58,6 +84,34 @@ class AlertLifecycle:
     def __init__(self, settings: AlertSettings, advisor: Advisor) -> None:
         self.s = settings
         self.advisor = advisor
+        self.states: dict[str, AlertState] = {}  # by alert id, for paged incidents
+
+    def state(self, inc: Incident) -> AlertState:
+        """The alert state of a paged incident (created at its first page)."""
+        assert inc.alert_id is not None  # noqa: S101 - only paged incidents have one
+        return self.states.setdefault(inc.alert_id, AlertState())
+
+    def note_steps(self, points: list[ChangePoint], incidents: list[Incident]) -> None:
+        """Primary metrics stepping back on a paged incident's devices: a fix showing."""
+        for p in points:
+            if p.is_regression or p.metric in LOAD_METRICS:
+                continue
+            for inc in incidents:
+                if inc.status != "open" or inc.alert_id is None:
+                    continue
+                if p.metric != inc.primary_metric:
+                    continue
+                if any(q.device == p.device and q.layer == p.layer for q in inc.primary_points()):
+                    self.state(inc).recovered.add(p.device)
+
+    def forget(self, alert_ids: set[str]) -> None:
+        """Drop the alert state of incidents this member no longer holds."""
+        for aid in alert_ids:
+            self.states.pop(aid, None)
+
+    def keep(self, alert_ids: set[str]) -> None:
+        """Keep only the alert state of these incidents (the others were dropped)."""
+        self.states = {k: v for k, v in self.states.items() if k in alert_ids}
 
     def due(
         self,
@@ -98,20 +152,21 @@ class AlertLifecycle:
                 )  # fmt: skip
             view.detected_ts = inc.detected_ts
             alert = self.render(view, now_ts, n_pool, "firing", level=level)
+            sent = self.state(inc)
             # Big growth re-sends at once; any other change in count at a calm pace.
-            grew = n >= inc.emitted_devices * (1 + self.s.update_growth) or (
-                n != inc.emitted_devices
-                and now_ts - inc.last_ts >= self.s.update_every_windows * inc.window_s
+            grew = n >= sent.devices * (1 + self.s.update_growth) or (
+                n != sent.devices
+                and now_ts - sent.sent_ts >= self.s.update_every_windows * inc.window_s
             )
-            news = level != inc.emitted_level or alert.suggestion.change_id != inc.emitted_change
+            news = level != sent.level or alert.suggestion.change_id != sent.change
             # A deeper drop on the same devices raises the severity without growth: a
             # ticket that became a page must reach on-call now, not at the next growth.
-            worse = _RANK[alert.severity] > _RANK.get(inc.emitted_severity, -1)  # "": none yet
+            worse = sent.severity is None or _RANK[alert.severity] > _RANK[sent.severity]
             if not (first or grew or news or worse):
                 continue
-            inc.emitted_devices, inc.emitted_level, inc.last_ts = n, level, now_ts
-            inc.emitted_change = alert.suggestion.change_id
-            inc.emitted_severity = alert.severity
+            sent.devices, sent.level, sent.sent_ts = n, level, now_ts
+            sent.change = alert.suggestion.change_id
+            sent.severity = alert.severity
             out.append(alert)
         return out
 
@@ -126,14 +181,16 @@ class AlertLifecycle:
         """
         out: list[Alert] = []
         for inc in incidents:
-            if inc.status != "open" or inc.alert_id is None or inc.parent is not None:
+            if not inc.paging:
                 continue
             view, n_pool, level = self._view(inc, pool_devices)
             view.detected_ts = inc.detected_ts
             out.append(self.render(view, now_ts, n_pool, "firing", level=level))
         return out
 
-    def _view(self, inc: Incident, pool_devices: dict[PoolKey, int]) -> tuple[Incident, int, str]:
+    def _view(
+        self, inc: Incident, pool_devices: dict[PoolKey, int]
+    ) -> tuple[Incident, int, ScopeLevel]:
         """What an alert shows of a top-level incident: the incident (with its fleet
         children folded in), the devices of its pools, and its scope level."""
         if inc.children:
@@ -177,43 +234,56 @@ class AlertLifecycle:
         """
         out: list[Alert] = []
         for inc in incidents:
-            if inc.status != "open" or inc.alert_id is None or inc.parent is not None:
+            if not inc.paging:
                 continue
-            pts = inc.primary_points()
-            before = median(p.norm_before for p in inc.headline_points())
-            sign = BAD_DIRECTION.get(inc.primary_metric, -1)
-            # Recovery needs a step back on most devices, not a slow drift of the
-            # expectation: a frozen load model extrapolating a new load range is no fix.
-            stepped = len(inc.recovered) * 2 >= len({p.device for p in pts})
-            for t, level, batch in _window_levels(inc, views):
-                # A batch can reach back before the detection: judge only later windows.
-                if t <= max(inc.observed_ts, inc.detected_ts):
-                    continue
-                inc.observed_ts = t
-                if (level - before) * sign > self.s.resolve_tolerance * abs(before):
-                    if math.isfinite(batch):
-                        inc.bad_loads = [*inc.bad_loads[-63:], batch]
-                    inc.healthy_windows = 0
-                    continue
-                # A regression that shows only under burst load looks healthy between
-                # bursts: a calm window says nothing about the fix, so it does not count.
-                if inc.bad_loads and batch < LOAD_EVIDENCE * median(inc.bad_loads):
-                    continue
-                inc.healthy_windows += 1
-                if stepped and inc.healthy_windows >= self.s.resolve_windows:
-                    for member in (inc, *inc.children):
-                        member.status = "resolved"
-                        member.last_ts = t
-                    n = sum(m.pool_devices(n_pool) for m in (inc, *inc.children))
-                    if inc.children:
-                        out.append(self.render(inc.merged(), t, n, "resolved", level="fleet"))
-                    else:
-                        out.append(self.render(inc, t, n, "resolved"))
-                    break
+            t = self._recovered_at(inc, views)
+            if t is None:
+                continue
+            for member in (inc, *inc.children):
+                member.status = "resolved"
+                member.resolved_ts = t
+            self.state(inc).sent_ts = t
+            n = sum(m.pool_devices(n_pool) for m in (inc, *inc.children))
+            if inc.children:
+                out.append(self.render(inc.merged(), t, n, "resolved", level="fleet"))
+            else:
+                out.append(self.render(inc, t, n, "resolved"))
         return out
 
+    def _recovered_at(self, inc: Incident, views: list[NormView]) -> float | None:
+        """The window at which a paged incident counts as fixed, if this batch has it."""
+        st = self.state(inc)
+        before = median(p.norm_before for p in inc.headline_points())
+        sign = BAD_DIRECTION.get(inc.primary_metric, -1)
+        # Recovery needs a step back on most devices, not a slow drift of the
+        # expectation: a frozen load model extrapolating a new load range is no fix.
+        stepped = len(st.recovered) * 2 >= len({p.device for p in inc.primary_points()})
+        for t, level, batch in _window_levels(inc, views):
+            # A batch can reach back before the detection: judge only later windows.
+            if t <= max(st.observed_ts, inc.detected_ts):
+                continue
+            st.observed_ts = t
+            if (level - before) * sign > self.s.resolve_tolerance * abs(before):
+                if math.isfinite(batch):
+                    st.bad_loads = [*st.bad_loads[-63:], batch]
+                st.healthy_windows = 0
+                continue
+            # A regression that shows only under burst load looks healthy between
+            # bursts: a calm window says nothing about the fix, so it does not count.
+            if st.bad_loads and batch < LOAD_EVIDENCE * median(st.bad_loads):
+                continue
+            st.healthy_windows += 1
+            if stepped and st.healthy_windows >= self.s.resolve_windows:
+                return t
+        return None
+
     def render(
-        self, inc: Incident, now_ts: float, n_pool: int, status: str, level: str | None = None
+        self,
+        inc: Incident,
+        now_ts: float,
+        n_pool: int,
+        status: str,
+        level: ScopeLevel | None = None,
     ) -> Alert:
         """The alert record for an incident as it stands now."""
         metric = inc.primary_metric
@@ -229,49 +299,15 @@ class AlertLifecycle:
         bottleneck = bottleneck_class(stage, moved, load)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction)
         devices = sorted(inc.devices)
-        layers = inc.layers
-        what = f"{layers[0] + ' ' if layers else ''}{_METRIC_WORDS.get(metric, metric)}"
-        sign = BAD_DIRECTION.get(metric, -1)
-        bound = before * (1 - self.s.resolve_tolerance * (1 if sign < 0 else -1))
-        guardrail = (
-            f"{what} back to {'>=' if sign < 0 else '<='} {bound:.3g} within "
-            f"{self.s.resolve_windows} windows, else undo and escalate"
+        what = f"{inc.layers[0] + ' ' if inc.layers else ''}{_METRIC_WORDS.get(metric, metric)}"
+        suggestion = self.advisor.suggest(
+            inc, stage, bottleneck, guardrail(what, metric, before, self.s), level
         )
-        suggestion = self.advisor.suggest(inc, stage, bottleneck, guardrail, level)
         if bottleneck == "overload" and suggestion.action == "rollback":
             # A change that fits explains it: the traffic only exposed it. Not overload.
             bottleneck = bottleneck_class(stage, moved)
         share = len(devices) / n_pool if n_pool else 1.0
-        # Share of the healthy level lost, in [0, 1]: the relative drop for down-is-bad
-        # metrics (MFU), 1 - before/after for up-is-bad ones (latency x2 loses half of the
-        # service rate), so a queue growing 500x on one device cannot outrank a pool-wide
-        # 15% MFU drop.
-        lost = abs(delta_pct) / 100.0
-        if sign > 0 and after > 0:
-            lost = max(0.0, 1.0 - before / after)
-        loss = lost * share
-        severity = (
-            "page" if loss >= self.s.page_loss else "ticket" if loss >= self.s.page_loss / 5
-            else "info"
-        )  # fmt: skip
-        if bottleneck == "overload" and severity == "page":
-            # Capacity for offered load, not a regression: a queue for the owners, no page.
-            severity = "ticket"
-        pools = sorted({p.pool or "" for p in inc.points})
-        where = {
-            "fleet": f"{len(pools)} pools ({', '.join(pools)}; {len(devices)} devices)",
-            "pool": f"pool {inc.pool} ({len(devices)} devices)",
-            "host": f"host {devices and sorted(inc.hosts)[0]} ({len(devices)} devices)",
-            "device": f"device {devices[0]}"
-            if len(devices) == 1
-            else f"{len(devices)} devices of pool {inc.pool}",
-        }[level]
-        cause = (
-            f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
-            if suggestion.action == "rollback"
-            else f" under offered load x{load:.2f}" if bottleneck == "overload"
-            else ""
-        )  # fmt: skip
+        sev = severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
         return Alert(
             v=1,
             id=inc.alert_id or "",
@@ -279,16 +315,16 @@ class AlertLifecycle:
             ts=now_ts,
             onset_ts=inc.onset_ts,
             detected_ts=inc.detected_ts,
-            severity=severity,  # type: ignore[arg-type]
+            severity=sev,
             scope=AlertScope(
-                level=level,  # type: ignore[arg-type]
+                level=level,
                 pool=inc.pool,
                 model=inc.model,
                 hosts=sorted(inc.hosts)[: self.s.max_devices_listed],
                 devices=devices[: self.s.max_devices_listed],
                 device_count=len(devices),
             ),
-            layers=layers,
+            layers=inc.layers,
             metric=metric,
             before=round(before, 6),
             after=round(after, 6),
@@ -297,9 +333,75 @@ class AlertLifecycle:
             bottleneck=bottleneck,
             evidence=_evidence(inc),
             suggestion=suggestion,
-            summary=f"{what} {delta_pct:+.1f}% on {where}{cause}",
+            summary=summary(inc, level, what, delta_pct, suggestion, bottleneck, load),
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
         )
+
+
+def guardrail(what: str, metric: str, before: float, s: AlertSettings) -> str:
+    """The bound that says a rollback worked: the metric back within tolerance of before."""
+    sign = BAD_DIRECTION.get(metric, -1)
+    bound = before * (1 - s.resolve_tolerance * (1 if sign < 0 else -1))
+    return (
+        f"{what} back to {'>=' if sign < 0 else '<='} {bound:.3g} within "
+        f"{s.resolve_windows} windows, else undo and escalate"
+    )
+
+
+def severity(
+    metric: str,
+    before: float,
+    after: float,
+    delta_pct: float,
+    share: float,
+    bottleneck: str,
+    page_loss: float,
+) -> Severity:
+    """page, ticket or info from the share of the healthy level lost times the pool share.
+
+    Lost is the relative drop for down-is-bad metrics (MFU) and 1 - before/after for
+    up-is-bad ones (latency x2 loses half of the service rate), in [0, 1], so a queue
+    growing 500x on one device cannot outrank a pool-wide 15% MFU drop. Overload is
+    capacity for offered load, not a regression: at most a ticket for the owners.
+    """
+    sign = BAD_DIRECTION.get(metric, -1)
+    lost = abs(delta_pct) / 100.0
+    if sign > 0 and after > 0:
+        lost = max(0.0, 1.0 - before / after)
+    loss = lost * share
+    sev: Severity = "page" if loss >= page_loss else "ticket" if loss >= page_loss / 5 else "info"
+    if bottleneck == "overload" and sev == "page":
+        return "ticket"
+    return sev
+
+
+def summary(
+    inc: Incident,
+    level: ScopeLevel,
+    what: str,
+    delta_pct: float,
+    suggestion: Suggestion,
+    bottleneck: str,
+    load: float,
+) -> str:
+    """The one-line summary: what moved, where, and after which change (or under what load)."""
+    devices = sorted(inc.devices)
+    pools = sorted({p.pool or "" for p in inc.points})
+    where = {
+        "fleet": f"{len(pools)} pools ({', '.join(pools)}; {len(devices)} devices)",
+        "pool": f"pool {inc.pool} ({len(devices)} devices)",
+        "host": f"host {devices and sorted(inc.hosts)[0]} ({len(devices)} devices)",
+        "device": f"device {devices[0]}"
+        if len(devices) == 1
+        else f"{len(devices)} devices of pool {inc.pool}",
+    }[level]
+    cause = (
+        f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
+        if suggestion.action == "rollback"
+        else f" under offered load x{load:.2f}" if bottleneck == "overload"
+        else ""
+    )  # fmt: skip
+    return f"{what} {delta_pct:+.1f}% on {where}{cause}"
 
 
 def _evidence(inc: Incident) -> list[Evidence]:
@@ -333,12 +435,13 @@ def _window_levels(inc: Incident, views: list[NormView]) -> list[tuple[float, fl
     col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
     pts = inc.headline_points()
     ts_parts, v_parts, b_parts = [], [], []
+    kind = "layer" if on_layer else "device"
     for view in views:
         f = view.frame
         rows, ts, vals, load = (
-            (f.layer_rows, f.layer_ts, view.layer_norm, f.layer_load)
+            (f.layer_rows, f.layer_ts, view.norm[kind], f.layer_load)
             if on_layer
-            else (f.device_rows, f.device_ts, view.device_norm, f.device_load)
+            else (f.device_rows, f.device_ts, view.norm[kind], f.device_load)
         )
         mask = np.isin(rows, np.array([p.row for p in pts if p.partition == view.partition]))
         ts_parts.append(ts[mask])

@@ -150,11 +150,6 @@ class LoadModel:
         """Coefficients [intercept, features...] per group (a copy)."""
         return self._theta[np.asarray(groups, dtype=np.int64)].copy()
 
-    def level(self, groups: I64) -> F64:
-        """EW mean of y per group (NaN before any data), for reporting; it moves with load,
-        so feed the detector ``y / expected`` (or ``y - expected``), not residual + level."""
-        return self._level[np.asarray(groups, dtype=np.int64)].copy()
-
     def support(self, groups: I64, features: F64) -> F64:
         """Per sample: how many calls' worth of data the model holds at its group's mean load.
 
@@ -184,13 +179,9 @@ class LoadModel:
         out: F64 = a + reg[:, :, None] * np.eye(self.p)
         return out
 
-    def residual_sigma(self, groups: I64) -> F64:
-        """Robust residual scale per group (0 before it is known)."""
-        return self._rabs[np.asarray(groups, dtype=np.int64)] * _ABS_TO_SIGMA
-
     # -- learning ---------------------------------------------------------------------
     def freeze(self, groups: I64) -> None:
-        """Stop learning for these groups (e.g. while their residuals alarm)."""
+        """Stop learning for these groups (e.g. while their incident pages)."""
         groups = np.asarray(groups, dtype=np.int64)
         if groups.size:
             self._grow(int(groups.max()) + 1)

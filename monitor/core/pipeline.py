@@ -4,31 +4,65 @@ source → decode/validate → stream table → detectors → correlator → adv
 alert lifecycle. No I/O and no clock: time is the records' event time, so a
 recording replays to byte-identical alerts. Detector state is kept per input
 partition (a device's records always land in one partition) so it can be
-checkpointed and handed over per partition.
+checkpointed and handed over per partition (`core.state`).
 """
 
 from __future__ import annotations
 
-import pickle
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from monitor import detect
 from monitor.arrays import F64, I64
 from monitor.config import Settings
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import AGGREGATE, ChangePoint, Correlator, Incident
-from monitor.core.lifecycle import AlertLifecycle
-from monitor.core.load import LoadAdjuster
-from monitor.core.stream_table import Frame, StreamTable
+from monitor.core.lifecycle import AlertLifecycle, AlertState
+from monitor.core.state import (
+    STATE_VERSION,
+    IncidentsSnapshot,
+    PartitionState,
+    decode,
+    encode,
+    incident_key,
+    incident_records,
+    incidents_of,
+    new_partition,
+    owner_partition,
+    restore_partition,
+    snapshot_partition,
+)
+from monitor.core.stream_table import STREAM_KINDS, Frame, StreamKind, StreamTable
 from monitor.core.types import DeadLetter, NormView, Output, RawMessage
-from monitor.detect.base import Detections, Detector
+from monitor.detect import Detections
 from monitor.errors import DecodeError
 from monitor.hardware import Catalog, HardwareSpec
 from monitor.indicators import DEVICE_METRICS, LAYER_METRICS, STAGE_OF, material_floors
 from monitor.wire import Alert, Codec, WindowRecord
+
+
+@dataclass
+class PipelineStats:
+    """Counters read at scrape time (`daemon.prometheus`) and by the commands' summaries."""
+
+    records_in: int = 0  # window records used
+    records_duplicate: int = 0
+    records_late: int = 0
+    records_rejected: int = 0  # failed to decode
+    changes_in: int = 0
+    alerts_out: int = 0
+    load_extrapolated: int = 0  # samples withheld: load outside the load model's data
+    detector_restores: Counter[str] = field(default_factory=Counter)  # kept | retuned | reset
+    # Per stream kind: what the detectors' alarms became, how new streams started, and the
+    # change points by metric and materiality, so a noisy metric shows before it pages.
+    alarms: Counter[tuple[str, str]] = field(default_factory=Counter)
+    warm_starts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    points: Counter[tuple[str, str, bool]] = field(default_factory=Counter)
+
+    def totals(self) -> dict[str, int]:
+        """The plain counts, for a summary log line."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
 
 def catalog_from(settings: Settings) -> Catalog:
@@ -46,30 +80,6 @@ def catalog_from(settings: Settings) -> Catalog:
     )
 
 
-def make_detector(settings: Settings, n_metrics: int) -> Detector:
-    """The configured detector for a matrix of `n_metrics` columns (ValueError if misconfigured)."""
-    d = settings.detector
-    return detect.make_detector(d.kind, n_metrics, d.engine_params())
-
-
-@dataclass
-class PartitionState:
-    """Everything that belongs to one input partition: streams and their detectors."""
-
-    table: StreamTable
-    layer_detector: Detector
-    device_detector: Detector
-    layer_load: LoadAdjuster | None = None
-    device_load: LoadAdjuster | None = None
-    # Per (pool, model, layer) aggregates of this partition's devices: a pool-wide shift
-    # too small for any one device's detector is one clear signal here.
-    pool_layer_detector: Detector | None = None
-    pool_device_detector: Detector | None = None
-    pool_layer_load: LoadAdjuster | None = None
-    pool_device_load: LoadAdjuster | None = None
-    expired_at: float = 0.0
-
-
 class Pipeline:
     """Processes batches of raw messages in event time; deterministic for a given input."""
 
@@ -78,118 +88,112 @@ class Pipeline:
         self.catalog = catalog_from(settings)
         self.codec = Codec()
         self.partitions: dict[int, PartitionState] = {}
+        self.partition_ts: dict[int, float] = {}  # event time each partition has reached
         self.correlator = Correlator(settings.alerts.group_window_s)
         self.advisor = Advisor(lookback_s=settings.alerts.change_lookback_s)
+        self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
         # Restored incidents whose pages the next batch sends again (`lifecycle.restate`).
         self._to_restate: list[Incident] = []
         self.handed_over: list[str] = []  # alert ids of incidents given up in a rebalance
-        self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
-        self.counters: Counter[str] = Counter()
-        # Per stream kind: what the detectors' alarms became, and the change points by
-        # metric and materiality, so a noisy metric shows on /metrics before it pages.
-        self.alarm_counts: Counter[tuple[str, str]] = Counter()
-        self.warm_counts: Counter[tuple[str, str]] = Counter()  # (stream kind, outcome)
-        self.point_counts: Counter[tuple[str, str, bool]] = Counter()
+        self.stats = PipelineStats()
         d = settings.detector
         # Reporting floors per metric column (absolute, relative), defaults overridden.
         self._floors = {
-            True: material_floors(LAYER_METRICS, d.material_rel, d.material_abs),
-            False: material_floors(DEVICE_METRICS, d.material_rel, d.material_abs),
+            cols: material_floors(cols, d.material_rel, d.material_abs)
+            for cols in (LAYER_METRICS, DEVICE_METRICS)
         }
         self.unknown_hw: list[tuple[str, str | None, str | None]] = []
-        self.partition_ts: dict[int, float] = {}
 
     def _partition(self, p: int) -> PartitionState:
         st = self.partitions.get(p)
         if st is None:
-            d = self.settings.detector
-
-            def adjuster(columns: tuple[str, ...]) -> LoadAdjuster | None:
-                return (
-                    LoadAdjuster(columns, d.load_forget, d.load_min_support)
-                    if d.load_aware
-                    else None
-                )
-
-            st = PartitionState(
-                StreamTable(self.catalog, ttl_s=d.stream_ttl_s),
-                make_detector(self.settings, len(LAYER_METRICS)),
-                make_detector(self.settings, len(DEVICE_METRICS)),
-                adjuster(LAYER_METRICS),
-                adjuster(DEVICE_METRICS),
-                make_detector(self.settings, len(LAYER_METRICS)),
-                make_detector(self.settings, len(DEVICE_METRICS)),
-                adjuster(LAYER_METRICS),
-                adjuster(DEVICE_METRICS),
-            )
-            self.partitions[p] = st
+            st = self.partitions[p] = new_partition(self.settings, self.catalog)
         return st
 
     def process(self, batch: list[RawMessage]) -> Output:
         """Decode, detect, correlate and advise over one batch; returns alerts and dead letters."""
         out = Output()
+        samples = self._decode(batch, out)
+        points: list[ChangePoint] = []
+        views: list[NormView] = []
+        for part, items in sorted(samples.items()):
+            st = self._partition(part)
+            frame, rejected = st.table.build([rec for _, rec in items])
+            view = NormView(part, frame, {k.name: k.view(frame)[2].copy() for k in _DEVICE_KINDS})
+            views.append(view)
+            for rej in rejected:
+                if rej.kind == "late":
+                    self.stats.records_late += 1
+                    out.dead.append(DeadLetter(items[rej.index][0], rej.reason))
+                else:
+                    self.stats.records_duplicate += 1
+            self.stats.records_in += len(items) - len(rejected)
+            self.unknown_hw.extend(st.table.newly_unknown)
+            st.table.newly_unknown.clear()
+            points.extend(self._detect(st, view))
+            self._expire(part, st, frame)
+        if self._to_restate and self.partition_ts:
+            # The first batch after a restore: send what is still firing once more.
+            again = self.lifecycle.restate(self._to_restate, self.watermark(), self.pool_counts())
+            self._to_restate = []
+            out.alerts.extend(again)
+        if samples:
+            self._correlate(points, views, out)
+        self.stats.alerts_out += len(out.alerts)
+        return out
+
+    def _decode(
+        self, batch: list[RawMessage], out: Output
+    ) -> dict[int, list[tuple[RawMessage, WindowRecord]]]:
+        """Window records by input partition; change events go to the advisor."""
         samples: dict[int, list[tuple[RawMessage, WindowRecord]]] = {}
         changes_topic = self.settings.kafka.topics.changes
         for msg in batch:
             try:
                 if msg.topic == changes_topic:
                     self.advisor.add_change(self.codec.decode_change(msg.value))
-                    self.counters["changes_in"] += 1
+                    self.stats.changes_in += 1
                 else:
                     rec = self.codec.decode_window(msg.value)
                     samples.setdefault(msg.partition, []).append((msg, rec))
             except DecodeError as exc:
                 out.dead.append(DeadLetter(msg, exc.reason))
-                self.counters["records_rejected"] += 1
-        points: list[ChangePoint] = []
-        views: list[NormView] = []
-        for part, items in sorted(samples.items()):
-            st = self._partition(part)
-            frame, rejected = st.table.build([rec for _, rec in items])
-            view = NormView(part, frame, frame.layer_values.copy(), frame.device_values.copy())
-            views.append(view)
-            for rej in rejected:
-                self.counters[f"records_{rej.kind}"] += 1
-                if rej.kind == "late":
-                    out.dead.append(DeadLetter(items[rej.index][0], rej.reason))
-            self.counters["records_in"] += len(items) - len(rejected)
-            self.unknown_hw.extend(st.table.newly_unknown)
-            st.table.newly_unknown.clear()
-            points.extend(self._detect(st, view))
-            if frame.device_ts.size:
-                part_ts = max(self.partition_ts.get(part, 0.0), float(frame.device_ts.max()))
-                self.partition_ts[part] = part_ts
-                if part_ts - st.expired_at > st.table.ttl_s / 4:
-                    dev_rows, layer_rows = st.table.expire(part_ts)
-                    st.device_detector.forget(dev_rows)
-                    st.layer_detector.forget(layer_rows)
-                    st.expired_at = part_ts
-        if self._to_restate and self.partition_ts:
-            # The first batch after a restore: send what is still firing once more.
-            again = self.lifecycle.restate(self._to_restate, self.watermark(), self.pool_counts())
-            self._to_restate = []
-            out.alerts.extend(again)
-        if not samples:
-            self.counters["alerts_out"] += len(out.alerts)
-            return out
+                self.stats.records_rejected += 1
+        return samples
+
+    def _expire(self, part: int, st: PartitionState, frame: Frame) -> None:
+        """Advance the partition's event time; expire silent streams now and then."""
+        if not frame.device_ts.size:
+            return
+        part_ts = max(self.partition_ts.get(part, 0.0), float(frame.device_ts.max()))
+        self.partition_ts[part] = part_ts
+        if part_ts - st.expired_at > st.table.ttl_s / 4:
+            dev_rows, layer_rows = st.table.expire(part_ts)
+            st.detectors["device"].forget(dev_rows)
+            st.detectors["layer"].forget(layer_rows)
+            st.expired_at = part_ts
+
+    def _correlate(self, points: list[ChangePoint], views: list[NormView], out: Output) -> None:
+        """Change points into incidents, and the alerts that are due."""
         now = self.watermark()
         counts = self.pool_counts() if points or self.correlator.incidents else {}
         self.correlator.add(points, now, counts)
+        self.lifecycle.note_steps(points, self.correlator.incidents)
         open_incidents = [i for i in self.correlator.incidents if i.status == "open"]
         if open_incidents:
             out.alerts.extend(self.lifecycle.due(open_incidents, now, counts, self.host_sizes()))
             out.alerts.extend(self.lifecycle.observe(open_incidents, views, counts))
             self._hold_load_models(out.alerts)
         self.correlator.drop_resolved(now, keep_s=4 * self.settings.alerts.group_window_s)
+        self.lifecycle.keep({i.alert_id for i in self.correlator.incidents if i.alert_id})
         self.advisor.prune(now)
-        self.counters["alerts_out"] += len(out.alerts)
-        return out
 
     def _hold_load_models(self, alerts: list[Alert]) -> None:
         """Freeze the load models of groups with a paged incident; thaw them on resolve.
 
-        Otherwise the expectation slowly learns the regressed level as "normal for this
-        load", the ratio drifts back to 1 and the incident looks fixed when it is not.
+        The one deliberate feedback edge from alerts back to detection: otherwise the
+        expectation slowly learns the regressed level as "normal for this load", the
+        ratio drifts back to 1 and the incident looks fixed when it is not.
         """
         for alert in alerts:
             inc = next((i for i in self.correlator.incidents if i.alert_id == alert.id), None)
@@ -202,74 +206,44 @@ class Pipeline:
                 if gid is not None:
                     by_part.setdefault(p.partition, set()).add(gid)
             for part, gids in by_part.items():
-                st = self.partitions[part]
                 arr = np.array(sorted(gids), dtype=np.int64)
-                for adjuster in _adjusters(st).values():
+                for adjuster in self.partitions[part].adjusters.values():
                     if adjuster is not None:
                         adjuster.hold(arr, hold=alert.status == "firing")
 
-    # -- checkpoints --------------------------------------------------------------------
+    # -- checkpoints and hand-over (the payloads: `core.state`) -------------------------
     def snapshot_partition(self, partition: int) -> bytes:
-        """One input partition's state (streams, detectors, load models) as bytes.
+        """One input partition's state (streams, detectors, load models) as bytes, with the
+        open incidents it owns, which travel with it to its next owner.
 
         Restoring it and then feeding the records after the last one processed gives
         the same detections as never having stopped (resume *after* the last offset).
         """
-        st = self._partition(partition)
-        return pickle.dumps(
-            {
-                "table": st.table.snapshot(),
-                "layer": st.layer_detector.snapshot(),
-                "device": st.device_detector.snapshot(),
-                "pool_layer": _snap(st.pool_layer_detector),
-                "pool_device": _snap(st.pool_device_detector),
-                **{
-                    key: adjuster.snapshot() if adjuster else None
-                    for key, adjuster in _adjusters(st).items()
-                },
-                "expired_at": st.expired_at,
-                "partition_ts": self.partition_ts.get(partition),
-                # The open incidents this partition owns travel with it to its next owner.
-                "incidents": self._owned(partition),
-            },
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
+        return snapshot_partition(
+            self._partition(partition), self.partition_ts.get(partition),
+            self._owned(partition), self.lifecycle.states,
+        )  # fmt: skip
 
     def restore_partition(self, partition: int, blob: bytes) -> dict[str, str]:
-        """Take over a partition from its checkpoint (trusted: our own state topic).
+        """Take over a partition from its checkpoint (StateVersionError: another version's).
 
         The detectors come back under the configured kind and parameters (a raised `h`
-        applies after a restart); returns each one's outcome, kept, retuned or reset
-        (`detect.restore_configured`).
+        applies after a restart); returns each one's outcome, kept, retuned or reset.
         """
-        state = pickle.loads(blob)  # noqa: S301 - written by this process family only
-        st = self._partition(partition)
-        d = self.settings.detector
-        st.table = StreamTable.restore(state["table"], self.catalog, ttl_s=d.stream_ttl_s)
-        outcomes: dict[str, str] = {}
-
-        def configured(key: str, n_metrics: int) -> Detector:
-            det, outcomes[key] = detect.restore_configured(
-                state[key], d.kind, n_metrics, d.engine_params()
-            )
-            self.counters[f"detector_restore_{outcomes[key]}"] += 1
-            return det
-
-        st.layer_detector = configured("layer", len(LAYER_METRICS))
-        st.device_detector = configured("device", len(DEVICE_METRICS))
-        # Pool detectors: in checkpoints written before they existed, fresh ones (as built).
-        if state["pool_layer"] is not None:
-            st.pool_layer_detector = configured("pool_layer", len(LAYER_METRICS))
-        if state["pool_device"] is not None:
-            st.pool_device_detector = configured("pool_device", len(DEVICE_METRICS))
-        for key, adjuster in _adjusters(st).items():
-            if adjuster is not None and state[key] is not None:
-                adjuster.restore(state[key])
-        st.expired_at = state["expired_at"]
-        if state["partition_ts"] is not None:
-            self.partition_ts[partition] = state["partition_ts"]
-        self._adopt(state.get("incidents", []))
+        st, snap, outcomes = restore_partition(blob, self.settings, self.catalog)
+        self.partitions[partition] = st
+        self.stats.detector_restores.update(outcomes.values())
+        if snap.partition_ts is not None:
+            self.partition_ts[partition] = snap.partition_ts
+        self._adopt(incidents_of(snap.incidents), snap.alerts)
         return outcomes
+
+    def forget_partition(self, partition: int) -> list[str]:
+        """Drop a partition this member no longer holds, and the incidents it owns."""
+        ids = self.hand_over(partition)
+        self.partitions.pop(partition, None)
+        self.partition_ts.pop(partition, None)
+        return ids
 
     def _owned(self, partition: int) -> list[Incident]:
         """Open top-level incidents owned by this partition (their lowest point partition)."""
@@ -279,16 +253,18 @@ class Pipeline:
             if i.status == "open" and i.parent is None and owner_partition(i) == partition
         ]
 
-    def _adopt(self, incidents: list[Incident]) -> None:
-        """Take over incidents from a partition checkpoint (a rebalance or a restart); the
-        first batch then sends those that paged once more (`lifecycle.restate`)."""
+    def _adopt(self, incidents: list[Incident], alerts: dict[str, AlertState]) -> None:
+        """Take over incidents from a checkpoint (a rebalance or a restart); the first
+        batch then sends those that paged once more (`lifecycle.restate`)."""
         known = {incident_key(i) for i in self.correlator.incidents}
         for inc in incidents:
-            if incident_key(inc) in known:
+            if inc.parent is not None or incident_key(inc) in known:
                 continue
             for member in (inc, *inc.children):  # fleet children are listed on their own
                 member.group_window_s = self.settings.alerts.group_window_s
                 self.correlator.incidents.append(member)
+            if inc.alert_id is not None and inc.alert_id in alerts:
+                self.lifecycle.states[inc.alert_id] = alerts[inc.alert_id]
             self._to_restate.append(inc)
 
     def keep_incidents_of(self, partitions: set[int]) -> list[str]:
@@ -305,29 +281,33 @@ class Pipeline:
         self.correlator.incidents = [i for i in self.correlator.incidents if id(i) not in ids]
         self._to_restate = [i for i in self._to_restate if id(i) not in ids]
         out = [i.alert_id for i in gone if i.alert_id is not None]
+        self.lifecycle.forget(set(out))
         self.handed_over.extend(out)
         return out
 
     def snapshot_incidents(self) -> bytes:
         """Incidents, recent evidence and known change events (the cross-partition state)."""
-        return pickle.dumps(
-            {"correlator": self.correlator, "advisor": self.advisor},
-            protocol=pickle.HIGHEST_PROTOCOL,
+        return encode(
+            IncidentsSnapshot(
+                STATE_VERSION,
+                incident_records(self.correlator.incidents),
+                self.correlator.recent,
+                self.advisor.changes,
+                self.lifecycle.states,
+            )
         )
 
     def restore_incidents(self, blob: bytes) -> None:
-        """Restore what `snapshot_incidents` saved."""
-        state = pickle.loads(blob)  # noqa: S301 - written by this process family only
+        """Restore what `snapshot_incidents` saved, under the configured windows."""
+        snap = decode(blob, IncidentsSnapshot)
         adopted = self.correlator.incidents  # from partition checkpoints restored just before
-        self.correlator = state["correlator"]
-        self.correlator.fill_missing_fields()
+        self.correlator = Correlator(self.settings.alerts.group_window_s)
+        self.correlator.incidents = incidents_of(snap.incidents)
+        self.correlator.recent = list(snap.recent)
         known = {incident_key(i) for i in self.correlator.incidents}
         self.correlator.incidents.extend(i for i in adopted if incident_key(i) not in known)
-        self.advisor = state["advisor"]
-        self.lifecycle.advisor = self.advisor
-        # The configured windows win over the checkpoint's (as for the detectors).
-        self.correlator.group_window_s = self.settings.alerts.group_window_s
-        self.advisor.lookback_s = self.settings.alerts.change_lookback_s
+        self.advisor.changes = list(snap.changes)
+        self.lifecycle.states = {**self.lifecycle.states, **snap.alerts}
         self._to_restate = list(self.correlator.incidents)
 
     def watermark(self) -> float:
@@ -359,52 +339,11 @@ class Pipeline:
     def _detect(self, st: PartitionState, view: NormView) -> list[ChangePoint]:
         """Run the detectors wave by wave; fills `view`'s normalised matrices on the way."""
         found: list[ChangePoint] = []
+        for kind in STREAM_KINDS:
+            found.extend(self._detect_kind(st, view, kind))
         frame = view.frame
-        sides: list[
-            tuple[str, I64, F64, F64, I64, F64, Detector, LoadAdjuster | None, F64 | None]
-        ] = [
-            ("layer", frame.layer_rows, frame.layer_ts, frame.layer_values, frame.layer_group,
-             frame.layer_load, st.layer_detector, st.layer_load, view.layer_norm),
-            ("device", frame.device_rows, frame.device_ts, frame.device_values,
-             frame.device_group, frame.device_load, st.device_detector, st.device_load,
-             view.device_norm),
-        ]  # fmt: skip
-        if st.pool_layer_detector is not None and st.pool_device_detector is not None:
-            sides += [
-                ("pool_layer", frame.pool_layer_rows, frame.pool_layer_ts,
-                 frame.pool_layer_values, frame.pool_layer_rows, frame.pool_layer_load,
-                 st.pool_layer_detector, st.pool_layer_load, None),
-                ("pool_device", frame.pool_device_rows, frame.pool_device_ts,
-                 frame.pool_device_values, frame.pool_device_rows, frame.pool_device_load,
-                 st.pool_device_detector, st.pool_device_load, None),
-            ]  # fmt: skip
-        for kind, rows, ts, values, groups, load, detector, adjuster, norm in sides:
-            for wave in Frame.waves(rows):
-                vals = values[wave]
-                scale = None
-                if adjuster is not None:
-                    withheld = adjuster.extrapolated
-                    vals, scale = adjuster.adjust(groups[wave], load[wave], vals)
-                    self.counters["load_extrapolated"] += adjuster.extrapolated - withheld
-                    if norm is not None:
-                        norm[wave] = vals
-                # Families for warm starts: (pool, model, layer) for device streams; a pool
-                # aggregate is its family's only stream.
-                fam = None if kind.startswith("pool") else groups[wave]
-                det = detector.update(rows[wave], ts[wave], vals, fam)
-                if not len(det):
-                    continue
-                levels = det if scale is None else _rescale(det, rows[wave], scale)
-                found.extend(self._points(st.table, levels, det, view.partition, kind))
-            for method, counts in (("drain_stats", self.alarm_counts),
-                                   ("drain_warm_starts", self.warm_counts)):  # fmt: skip
-                drain = getattr(detector, method, None)
-                if drain is not None:
-                    for outcome, n in drain().items():
-                        if n:
-                            counts[kind, outcome] += n
         if frame.kernel_changes:
-            self.point_counts["layer", "kernel", True] += len(frame.kernel_changes)
+            self.stats.points["layer", "kernel", True] += len(frame.kernel_changes)
         for row, k_ts, _old, _new in frame.kernel_changes:
             name, layer_type = st.table.device_of_layer_row(row)
             dev = st.table.devices[name]
@@ -413,57 +352,89 @@ class Pipeline:
                 onset_ts=k_ts - dev.window_s, detected_ts=k_ts, before=0.0, after=1.0, score=1.0,
                 window_s=dev.window_s, row=row, partition=view.partition,
             ))  # fmt: skip
-        self.counters["change_points"] += len(found)
+        return found
+
+    def _detect_kind(
+        self, st: PartitionState, view: NormView, kind: StreamKind
+    ) -> list[ChangePoint]:
+        """One stream kind's waves through its load adjuster and detector."""
+        found: list[ChangePoint] = []
+        rows, ts, values, groups, load = kind.view(view.frame)
+        detector, adjuster = st.detectors[kind.name], st.adjusters[kind.name]
+        norm = view.norm.get(kind.name)
+        for wave in Frame.waves(rows):
+            vals = values[wave]
+            scale = None
+            if adjuster is not None:
+                withheld = adjuster.extrapolated
+                vals, scale = adjuster.adjust(groups[wave], load[wave], vals)
+                self.stats.load_extrapolated += adjuster.extrapolated - withheld
+                if norm is not None:
+                    norm[wave] = vals
+            # Families for warm starts: (pool, model, layer) for device streams; a pool
+            # aggregate is its family's only stream.
+            fam = None if kind.aggregate else groups[wave]
+            det = detector.update(rows[wave], ts[wave], vals, fam)
+            if not len(det):
+                continue
+            levels = det if scale is None else _rescale(det, rows[wave], scale)
+            found.extend(self._points(st.table, levels, det, view.partition, kind))
+        for method, counts in (("drain_stats", self.stats.alarms),
+                               ("drain_warm_starts", self.stats.warm_starts)):  # fmt: skip
+            drain = getattr(detector, method, None)
+            if drain is not None:
+                for outcome, n in drain().items():
+                    if n:
+                        counts[kind.name, outcome] += n
         return found
 
     def _points(
-        self, table: StreamTable, det: Detections, norm: Detections, partition: int, kind: str
-    ) -> list[ChangePoint]:
+        self, table: StreamTable, det: Detections, norm: Detections, partition: int,
+        kind: StreamKind,
+    ) -> list[ChangePoint]:  # fmt: skip
         """Change points with metadata; `det` in metric units, `norm` in the detector's."""
-        layer = kind in ("layer", "pool_layer")
-        names = LAYER_METRICS if layer else DEVICE_METRICS
-        floor_abs, floor_rel = self._floors[layer]
+        names = kind.columns
+        floor_abs, floor_rel = self._floors[names]
         floor, rel = floor_abs[det.cols], floor_rel[det.cols]
         shift = np.abs(det.after - det.before)
         material = (shift >= floor) & (shift >= rel * np.abs(det.before))
-        self.counters["change_points_immaterial"] += int((~material).sum())
         for col, mat in zip(det.cols.tolist(), material.tolist(), strict=True):
-            self.point_counts[kind, names[col], mat] += 1
+            self.stats.points[kind.name, names[col], mat] += 1
         out: list[ChangePoint] = []
         window_s = next(iter(table.devices.values())).window_s if table.devices else 10.0
         for i in np.flatnonzero(material):
             row = int(det.rows[i])
-            if kind.startswith("pool"):
-                pool, model, group_layer = table.group_keys[row]
-                metric = names[int(det.cols[i])]
-                out.append(ChangePoint(
-                    device=AGGREGATE + (pool or ""), host=None, pool=pool, model=model,
-                    layer=group_layer or None, metric=metric, stage=STAGE_OF[metric],
-                    onset_ts=float(det.onset_ts[i]), detected_ts=float(det.detected_ts[i]),
-                    before=float(det.before[i]), after=float(det.after[i]),
-                    score=float(np.round(det.score[i], 6)), window_s=window_s, row=row,
-                    partition=partition, norm_before=float(norm.before[i]),
-                    norm_after=float(norm.after[i]),
-                ))  # fmt: skip
-                continue
-            if layer:
-                name, layer_type = table.device_of_layer_row(row)
-            else:
-                maybe = table.device_names[row]
-                if maybe is None:
-                    continue
-                name, layer_type = maybe, None
-            dev = table.devices[name]
             metric = names[int(det.cols[i])]
+            if kind.aggregate:
+                pool, model, group_layer = table.group_keys[row]
+                device, host, layer, win = (
+                    AGGREGATE + (pool or ""),
+                    None,
+                    group_layer or None,
+                    window_s,
+                )
+            else:
+                if names is LAYER_METRICS:
+                    device, layer = table.device_of_layer_row(row)
+                else:
+                    maybe = table.device_names[row]
+                    if maybe is None:
+                        continue
+                    device, layer = maybe, None
+                dev = table.devices[device]
+                pool, model, host, win = dev.pool, dev.model, dev.host, dev.window_s
             out.append(ChangePoint(
-                device=name, host=dev.host, pool=dev.pool, model=dev.model, layer=layer_type,
-                metric=metric, stage=STAGE_OF[metric], onset_ts=float(det.onset_ts[i]),
+                device=device, host=host, pool=pool, model=model, layer=layer, metric=metric,
+                stage=STAGE_OF[metric], onset_ts=float(det.onset_ts[i]),
                 detected_ts=float(det.detected_ts[i]), before=float(det.before[i]),
                 after=float(det.after[i]), score=float(np.round(det.score[i], 6)),
-                window_s=dev.window_s, row=row, partition=partition,
+                window_s=win, row=row, partition=partition,
                 norm_before=float(norm.before[i]), norm_after=float(norm.after[i]),
             ))  # fmt: skip
         return out
+
+
+_DEVICE_KINDS = tuple(k for k in STREAM_KINDS if not k.aggregate)
 
 
 def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
@@ -474,30 +445,3 @@ def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
     k = np.where(np.isfinite(k), k, 1.0)
     return Detections(det.rows, det.cols, det.detected_ts, det.onset_ts, det.before * k,
                       det.after * k, det.score)  # fmt: skip
-
-
-def owner_partition(inc: Incident) -> int:
-    """The partition whose checkpoint carries an incident: the lowest of its regressions'
-    (evidence restored from checkpoints of before 2026-11-30 may lack its partition)."""
-    parts = [p.partition for m in (inc, *inc.children) for p in m.points]
-    return min(parts, default=0)
-
-
-def incident_key(inc: Incident) -> tuple[object, ...]:
-    """What identifies an incident across checkpoints: its alert id once it paged."""
-    if inc.alert_id is not None:
-        return ("alert", inc.alert_id)
-    return (inc.pool, inc.model, inc.anchor_ts, inc.primary_metric)
-
-
-def _adjusters(st: PartitionState) -> dict[str, LoadAdjuster | None]:
-    return {
-        "layer_load": st.layer_load,
-        "device_load": st.device_load,
-        "pool_layer_load": st.pool_layer_load,
-        "pool_device_load": st.pool_device_load,
-    }
-
-
-def _snap(det: Detector | None) -> bytes | None:
-    return None if det is None else det.snapshot()

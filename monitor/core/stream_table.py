@@ -8,8 +8,8 @@ memory stays flat as devices come and go. Row ids are reused after expiry.
 
 from __future__ import annotations
 
-import pickle
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -76,6 +76,37 @@ class Frame:
         return [np.flatnonzero(rank == k) for k in range(int(rank.max()) + 1)]
 
 
+# (rows, event times, values, family group per row, load per row) of one stream kind.
+KindView = tuple[I64, F64, F64, I64, F64]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamKind:
+    """One kind of stream the detectors watch: its metric columns and its part of a Frame."""
+
+    name: str
+    columns: tuple[str, ...]
+    aggregate: bool  # a (pool, model[, layer]) aggregate rather than one device's stream
+    view: Callable[[Frame], KindView]
+
+
+# Device streams (per layer type and per device), and per (pool, model[, layer]) aggregates
+# of a partition's devices: a pool-wide shift too small for any one device's detector is
+# one clear signal there. An aggregate is its family's only stream: its rows are its groups.
+STREAM_KINDS: tuple[StreamKind, ...] = (
+    StreamKind("layer", LAYER_METRICS, False, lambda f: (
+        f.layer_rows, f.layer_ts, f.layer_values, f.layer_group, f.layer_load)),
+    StreamKind("device", DEVICE_METRICS, False, lambda f: (
+        f.device_rows, f.device_ts, f.device_values, f.device_group, f.device_load)),
+    StreamKind("pool_layer", LAYER_METRICS, True, lambda f: (
+        f.pool_layer_rows, f.pool_layer_ts, f.pool_layer_values, f.pool_layer_rows,
+        f.pool_layer_load)),
+    StreamKind("pool_device", DEVICE_METRICS, True, lambda f: (
+        f.pool_device_rows, f.pool_device_ts, f.pool_device_values, f.pool_device_rows,
+        f.pool_device_load)),
+)  # fmt: skip
+
+
 @dataclass(slots=True)
 class Rejection:
     """A record that was not used, and why."""
@@ -83,6 +114,27 @@ class Rejection:
     index: int
     reason: str
     kind: str  # duplicate | late
+
+
+@dataclass(slots=True)
+class _Columns:
+    """One batch's raw columns before they become matrices (`StreamTable._collect`)."""
+
+    lrows: list[int] = field(default_factory=list)
+    lts: list[float] = field(default_factory=list)
+    lraw: list[tuple[float | None, ...]] = field(default_factory=list)
+    lpeak: list[float] = field(default_factory=list)
+    kchanges: list[tuple[int, float, str | None, str]] = field(default_factory=list)
+    drows: list[int] = field(default_factory=list)
+    dts: list[float] = field(default_factory=list)
+    dwin: list[float] = field(default_factory=list)
+    dpeak: list[float] = field(default_factory=list)
+    dflops: list[float] = field(default_factory=list)
+    draw: list[tuple[float | None, ...]] = field(default_factory=list)
+    lgroup: list[int] = field(default_factory=list)
+    dgroup: list[int] = field(default_factory=list)
+    dload: list[tuple[float | None, float | None]] = field(default_factory=list)
+    lload_idx: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -174,6 +226,14 @@ class StreamTable:
     # -- batch -> frame ------------------------------------------------------------
     def build(self, records: list[WindowRecord]) -> tuple[Frame, list[Rejection]]:
         """Register streams, drop duplicates/late records, and derive the metric matrices."""
+        accepted, rejections = self._accept(records)
+        return self._frame(self._collect(accepted)), rejections
+
+    def _accept(
+        self, records: list[WindowRecord]
+    ) -> tuple[list[tuple[WindowRecord, _Device]], list[Rejection]]:
+        """Records in event-time order, less duplicates and windows not newer than their
+        stream's last; the devices' last window times advance."""
         rejections: list[Rejection] = []
         order = sorted(range(len(records)), key=lambda i: records[i].ts)
         seen: dict[tuple[str, float], int] = {}
@@ -202,22 +262,14 @@ class StreamTable:
             accepted.append((rec, dev))
         for rec, dev in accepted:
             dev.last_ts = max(dev.last_ts, rec.ts)
+        return accepted, rejections
 
-        lrows: list[int] = []
-        lts: list[float] = []
-        lraw: list[tuple[float | None, ...]] = []
-        lpeak: list[float] = []
-        kchanges: list[tuple[int, float, str | None, str]] = []
-        drows: list[int] = []
-        dts: list[float] = []
-        dwin: list[float] = []
-        dpeak: list[float] = []
-        dflops: list[float] = []
-        draw: list[tuple[float | None, ...]] = []
-        lgroup: list[int] = []
-        dgroup: list[int] = []
-        dload: list[tuple[float | None, float | None]] = []
-        lload_idx: list[int] = []
+    def _collect(self, accepted: list[tuple[WindowRecord, _Device]]) -> _Columns:
+        """The batch's raw columns, one Python pass over records and layers."""
+        c = _Columns()
+        lrows, lts, lraw, lpeak, kchanges = c.lrows, c.lts, c.lraw, c.lpeak, c.kchanges
+        drows, dts, dwin, dpeak, dflops, draw = c.drows, c.dts, c.dwin, c.dpeak, c.dflops, c.draw
+        lgroup, dgroup, dload, lload_idx = c.lgroup, c.dgroup, c.dload, c.lload_idx
         index, last_kernel, groups = self.layer_index, self.last_kernel, self.groups
         for rec, dev in accepted:
             flops_sum = 0.0
@@ -266,6 +318,13 @@ class StreamTable:
                 slo.lat_p99_ms if slo else None, slo.quality if slo else None,
             ))  # fmt: skip
 
+        return c
+
+    def _frame(self, c: _Columns) -> Frame:
+        """Metric matrices and pool aggregates from the raw columns (vectorised)."""
+        lrows, lts, lraw, lpeak, kchanges = c.lrows, c.lts, c.lraw, c.lpeak, c.kchanges
+        drows, dts, dwin, dpeak, dflops, draw = c.drows, c.dts, c.dwin, c.dpeak, c.dflops, c.draw
+        lgroup, dgroup, dload, lload_idx = c.lgroup, c.dgroup, c.dload, c.lload_idx
         raw = np.array(lraw, dtype=np.float64).reshape(-1, len(LAYER_INPUTS))
         peak = np.array(lpeak, dtype=np.float64)
         lvals = layer_metrics(raw, peak)
@@ -284,7 +343,7 @@ class StreamTable:
         pd_rows, pd_ts, pd_vals = group_means(device_group, device_ts, dvals)
         _, _, pl_load = group_means(layer_group, layer_ts, layer_load)
         _, _, pd_load = group_means(device_group, device_ts, device_load)
-        frame = Frame(
+        return Frame(
             layer_rows=np.array(lrows, dtype=np.int64),
             layer_ts=layer_ts,
             layer_values=lvals,
@@ -305,7 +364,6 @@ class StreamTable:
             pool_layer_load=pl_load,
             pool_device_load=pd_load,
         )
-        return frame, rejections
 
     # -- expiry ------------------------------------------------------------------------
     def expire(self, now_ts: float) -> tuple[I64, I64]:
@@ -331,19 +389,63 @@ class StreamTable:
 
     # -- checkpoint ----------------------------------------------------------------------
     def snapshot(self) -> bytes:
-        """Registry state as bytes (restored by `restore`)."""
-        fields = (
-            "ttl_s", "devices", "device_names", "layer_index", "layer_keys", "last_kernel",
-            "free_device_rows", "free_layer_rows", "unknown_hw", "groups", "group_keys",
-        )  # fmt: skip
-        state = {k: getattr(self, k) for k in fields}
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        """Registry state as bytes (restored by `restore`); dict orders are kept."""
+        return _table_encoder.encode(
+            _TableState(
+                self.ttl_s,
+                [_device_row(name, d) for name, d in self.devices.items()],
+                self.device_names,
+                [(row, layer, r) for (row, layer), r in self.layer_index.items()],
+                self.layer_keys,
+                self.last_kernel,
+                self.free_device_rows,
+                self.free_layer_rows,
+                list(self.unknown_hw.items()),
+                self.group_keys,
+            )
+        )
 
     @classmethod
     def restore(cls, blob: bytes, catalog: Catalog, ttl_s: float | None = None) -> StreamTable:
-        """Rebuild a table from `snapshot` bytes (trusted: our own checkpoint topic); `ttl_s`
-        replaces the checkpoint's (the configured one wins after a restart)."""
-        state = pickle.loads(blob)  # noqa: S301 - written by this process family only
-        if ttl_s is not None:
-            state["ttl_s"] = float(ttl_s)
-        return cls(catalog=catalog, **state)
+        """Rebuild a table from `snapshot` bytes; `ttl_s` replaces the checkpoint's (the
+        configured one wins after a restart)."""
+        s = msgspec.msgpack.decode(blob, type=_TableState)
+        return cls(
+            catalog=catalog,
+            ttl_s=s.ttl_s if ttl_s is None else float(ttl_s),
+            devices={d[0]: _Device(*d[1:]) for d in s.devices},
+            device_names=s.device_names,
+            layer_index={(row, layer): r for row, layer, r in s.layer_index},
+            layer_keys=[None if k is None else (k[0], k[1]) for k in s.layer_keys],
+            last_kernel=s.last_kernel,
+            free_device_rows=s.free_device_rows,
+            free_layer_rows=s.free_layer_rows,
+            unknown_hw=Counter(dict(s.unknown_hw)),
+            groups={(p, m, la): i for i, (p, m, la) in enumerate(s.group_keys)},
+            group_keys=[(p, m, la) for p, m, la in s.group_keys],
+        )
+
+
+_DeviceRow = tuple[
+    str, int, str | None, str | None, str | None, str | None, str | None, float, float, float
+]
+
+
+def _device_row(name: str, d: _Device) -> _DeviceRow:
+    return (name, d.row, d.host, d.pool, d.model, d.hw, d.dtype, d.peak, d.last_ts, d.window_s)
+
+
+class _TableState(msgspec.Struct, array_like=True):
+    ttl_s: float
+    devices: list[_DeviceRow]
+    device_names: list[str | None]
+    layer_index: list[tuple[int, str, int]]
+    layer_keys: list[tuple[int, str] | None]
+    last_kernel: list[str | None]
+    free_device_rows: list[int]
+    free_layer_rows: list[int]
+    unknown_hw: list[tuple[str, int]]
+    group_keys: list[tuple[str | None, str | None, str]]
+
+
+_table_encoder = msgspec.msgpack.Encoder()

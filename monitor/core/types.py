@@ -42,5 +42,4 @@ class NormView:
 
     partition: int
     frame: Frame
-    layer_norm: F64
-    device_norm: F64
+    norm: dict[str, F64]  # by device stream kind ("layer", "device"): the values matrix

@@ -14,7 +14,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
@@ -70,7 +70,6 @@ class Daemon:
     checkpointer: Checkpointer | None = None
     repartitioner: Repartitioner | None = None
     http: HttpServer | None = None
-    background: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 def configured_sinks(settings: Settings, kafka_sink: KafkaSink | None) -> list[Sink]:
@@ -240,5 +239,5 @@ async def serve(settings: Settings, wiring: Wiring | None = None) -> int:
                  repartition=daemon.repartitioner is not None,
                  sinks=[type(s).__name__ for s in daemon.sinks])  # fmt: skip
         code = await run_daemon(daemon, stack)
-        log.info("stopped", **dict(daemon.pipeline.counters))
+        log.info("stopped", **daemon.pipeline.stats.totals())
     return code

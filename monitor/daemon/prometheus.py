@@ -1,12 +1,12 @@
 """Prometheus metrics of the daemon itself, read from live objects at scrape time.
 
-The hot path keeps plain counters (the pipeline's `counters`, the runner's
+The hot path keeps plain counters (the pipeline's `stats`, the runner's
 `rejected` / `sent`, the checkpointer's `stats`) and never calls into
 prometheus_client; `DaemonCollector` turns them into samples when /metrics is
 scraped. The registry is passed in, never the process-wide default, so tests and
 embedded uses get their own.
 
-(`monitor/metrics.py` is something else: the derived telemetry metrics, MFU and
+(`monitor/indicators.py` is something else: the derived telemetry metrics, MFU and
 friends, that the detectors watch.)
 """
 
@@ -26,14 +26,10 @@ from monitor.daemon.runner import Runner
 
 if TYPE_CHECKING:
     from monitor.checkpoint import Checkpointer
-    from monitor.core.pipeline import PartitionState, Pipeline
+    from monitor.core.pipeline import Pipeline
+    from monitor.core.state import PartitionState
     from monitor.daemon.repartition import Repartitioner
     from monitor.sources.kafka import KafkaSource
-
-
-# Record outcomes and the pipeline counters that hold them.
-_OUTCOMES = (("accepted", "records_in"), ("duplicate", "records_duplicate"),
-             ("late", "records_late"), ("invalid", "records_rejected"))  # fmt: skip
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -66,9 +62,7 @@ def _array_bytes(obj: object) -> int:
 
 
 def _state_bytes(st: PartitionState) -> int:
-    parts = (st.layer_detector, st.device_detector, st.pool_layer_detector,
-             st.pool_device_detector, st.layer_load, st.device_load, st.pool_layer_load,
-             st.pool_device_load)  # fmt: skip
+    parts = (*st.detectors.values(), *st.adjusters.values())
     return sum(_array_bytes(p) for p in parts if p is not None)
 
 
@@ -135,24 +129,25 @@ class DaemonCollector(Collector):
         yield lag
 
     def _pipeline(self, p: Pipeline) -> Iterator[Metric]:
-        c = p.counters
+        c = p.stats
         records = CounterMetricFamily(
             "flopwatch_records_total",
             "Window records by outcome: accepted, duplicate and late (decoded but dropped), "
             "invalid (failed validation).",
             labels=["outcome"],
         )
-        for outcome, key in _OUTCOMES:
-            records.add_metric([outcome], c[key])
+        for outcome, n in (("accepted", c.records_in), ("duplicate", c.records_duplicate),
+                           ("late", c.records_late), ("invalid", c.records_rejected)):  # fmt: skip
+            records.add_metric([outcome], n)
         yield records
-        yield _counter("flopwatch_change_events_total", "Change events read.", c["changes_in"])
+        yield _counter("flopwatch_change_events_total", "Change events read.", c.changes_in)
         points = CounterMetricFamily(
             "flopwatch_change_points_total",
             "Change points found, by stream kind (layer, device, pool_layer, pool_device) and "
             "metric; material=false ones were below the metric's minimum shift.",
             labels=["stream", "metric", "material"],
         )
-        for (stream, metric, material), n in sorted(p.point_counts.items()):
+        for (stream, metric, material), n in sorted(c.points.items()):
             points.add_metric([stream, metric, "true" if material else "false"], n)
         yield points
         yield _by_stream_outcome(
@@ -160,7 +155,7 @@ class DaemonCollector(Collector):
             "Detector alarms by stream kind and outcome: reported (a change point), vetoed "
             "(a burst of spread, not a level shift) or below_min_change (re-baselined "
             "silently under detector.params.min_rel_change).",
-            p.alarm_counts,
+            c.alarms,
         )
         yield _by_stream_outcome(
             "flopwatch_detector_warm_starts_total",
@@ -168,7 +163,7 @@ class DaemonCollector(Collector):
             "and outcome: borrowed (their family's AR estimates), own (they disagreed with "
             "their family), no_donor (too few mature streams in their family) or withdrawn "
             "(borrowers whose own samples later showed them more persistent).",
-            p.warm_counts,
+            c.warm_starts,
         )
         restores = CounterMetricFamily(
             "flopwatch_detector_restores_total",
@@ -178,16 +173,16 @@ class DaemonCollector(Collector):
             labels=["outcome"],
         )
         for outcome in ("kept", "retuned", "reset"):
-            restores.add_metric([outcome], c[f"detector_restore_{outcome}"])
+            restores.add_metric([outcome], c.detector_restores[outcome])
         yield restores
         yield _counter(
             "flopwatch_load_extrapolated_total",
             "Samples withheld from detection because the load model had too little data at "
             "their load (e.g. a pool's first burst); see detector.load_min_support.",
-            c["load_extrapolated"],
+            c.load_extrapolated,
         )
         yield _counter("flopwatch_alert_records_total", "Alert records produced (firing, "
-                       "updates and resolutions).", c["alerts_out"])  # fmt: skip
+                       "updates and resolutions).", c.alerts_out)  # fmt: skip
 
         incidents = GaugeMetricFamily(
             "flopwatch_incidents_open",
@@ -195,11 +190,13 @@ class DaemonCollector(Collector):
             "the last alert sent (empty before the first).",
             labels=["paged", "scope"],
         )
+        sent = p.lifecycle.states
         open_by: Counter[tuple[str, str]] = Counter(
-            ("true" if i.alert_id else "false", i.emitted_level)
+            ("true" if i.alert_id else "false",
+             (a.level or "") if (a := sent.get(i.alert_id or "")) else "")
             for i in p.correlator.incidents
             if i.status == "open"
-        )
+        )  # fmt: skip
         for (paged, scope), n in sorted(open_by.items()):
             incidents.add_metric([paged, scope], n)
         yield incidents
@@ -313,6 +310,10 @@ class DaemonCollector(Collector):
         yield _counter("flopwatch_checkpoint_restore_failures_total",
                        "Checkpoints found but unusable (an older one or fresh state was used).",
                        s.restore_failures)  # fmt: skip
+        yield _counter("flopwatch_checkpoint_version_mismatches_total",
+                       "Checkpoints written by another state version, not restored (the "
+                       "partition started fresh or from an older checkpoint).",
+                       s.version_mismatches)  # fmt: skip
         yield _counter("flopwatch_checkpoint_corrupt_records_total",
                        "State-topic records skipped as corrupt or torn.",
                        cp.store.rejected)  # fmt: skip

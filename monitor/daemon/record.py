@@ -27,20 +27,8 @@ async def record(args: argparse.Namespace, settings: Settings) -> int:
         auto_offset_reset="earliest", enable_auto_commit=False,
     )  # fmt: skip
     await consumer.start()
-    rows: list[tuple[float, int, bytes]] = []
     try:
-        idle_since = time.monotonic()
-        while args.max_records is None or len(rows) < args.max_records:
-            got = await consumer.getmany(timeout_ms=200, max_records=5000)
-            if not got:
-                if time.monotonic() - idle_since > args.idle_timeout:
-                    break
-                continue
-            idle_since = time.monotonic()
-            for msgs in got.values():
-                for m in msgs:
-                    if m.value is not None:
-                        rows.append((_sort_ts(m.value, m.timestamp), len(rows), m.value))
+        rows = await _read(consumer, args.max_records, args.idle_timeout)
     finally:
         await consumer.stop()
     rows.sort(key=lambda r: (r[0], r[1]))
@@ -52,6 +40,26 @@ async def record(args: argparse.Namespace, settings: Settings) -> int:
             f.write(value.rstrip(b"\n") + b"\n")
     print(f"recorded {len(rows)} records from {', '.join(topics)} to {args.out}", file=sys.stderr)
     return 0
+
+
+async def _read(
+    consumer: AIOKafkaConsumer, max_records: int | None, idle_timeout: float
+) -> list[tuple[float, int, bytes]]:
+    """(sort time, arrival, value) of every record until idle or `max_records`."""
+    rows: list[tuple[float, int, bytes]] = []
+    idle_since = time.monotonic()
+    while max_records is None or len(rows) < max_records:
+        got = await consumer.getmany(timeout_ms=200, max_records=5000)
+        if not got:
+            if time.monotonic() - idle_since > idle_timeout:
+                break
+            continue
+        idle_since = time.monotonic()
+        for msgs in got.values():
+            for m in msgs:
+                if m.value is not None:
+                    rows.append((_sort_ts(m.value, m.timestamp), len(rows), m.value))
+    return rows
 
 
 def _sort_ts(value: bytes, broker_ms: int) -> float:

@@ -57,14 +57,14 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
         daemon = await assemble(stack, settings, wiring)
         await run_daemon(daemon, stack)
     dt = time.perf_counter() - t0
-    c = daemon.pipeline.counters
+    c = daemon.pipeline.stats
     rejected = sum(daemon.runner.rejected.values())
     reasons = ", ".join(f"{k}: {v}" for k, v in daemon.runner.rejected.most_common(5))
     print(
         f"replayed {source.lines} lines in {dt:.2f}s "
         f"({source.lines / max(dt, 1e-9):,.0f} lines/s): "
-        f"{c['records_in']} window records used, {c['changes_in']} change events, "
-        f"{c['records_duplicate']} duplicates dropped, {rejected} rejected"
+        f"{c.records_in} window records used, {c.changes_in} change events, "
+        f"{c.records_duplicate} duplicates dropped, {rejected} rejected"
         f"{' (' + reasons + ')' if reasons else ''}; "
         f"alerts: {counts.by_status['firing']} firing, {counts.by_status['resolved']} resolved",
         file=sys.stderr,

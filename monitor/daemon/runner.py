@@ -13,6 +13,7 @@ from monitor.core.types import DeadLetter, RawMessage
 from monitor.log import get_logger
 from monitor.sinks.base import Sink
 from monitor.sources.base import Source
+from monitor.wire import Alert
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -61,6 +62,20 @@ class Runner:
             if aclose is not None:
                 await aclose()
 
+    async def _send(self, alerts: list[Alert]) -> None:
+        """Every sink gets the batch's alerts, in order; counted per sink and status."""
+        statuses = Counter(a.status for a in alerts)
+        for sink in self.sinks:
+            name = sink_name(sink)
+            try:
+                await sink.send(alerts)
+            except Exception:
+                self.send_errors[name] += 1
+                raise
+            for status, n in statuses.items():
+                self.sent[name, status] += n
+        _track(self.firing, alerts)
+
     async def _hand_over(self) -> None:
         """Tell the sinks which alerts this member gave up in a rebalance: their new owner
         keeps them alive now (a sink without `forget` has nothing to keep alive)."""
@@ -77,21 +92,7 @@ class Runner:
     async def _process(self, batch: list[RawMessage], log: FilteringBoundLogger) -> None:
         out = self.pipeline.process(batch)
         if out.alerts:
-            statuses = Counter(a.status for a in out.alerts)
-            for sink in self.sinks:
-                name = sink_name(sink)
-                try:
-                    await sink.send(out.alerts)
-                except Exception:
-                    self.send_errors[name] += 1
-                    raise
-                for status, n in statuses.items():
-                    self.sent[name, status] += n
-            for a in out.alerts:
-                if a.status == "firing":
-                    self.firing[a.id] = (a.severity, a.scope.level)
-                else:
-                    self.firing.pop(a.id, None)
+            await self._send(out.alerts)
         if out.dead:
             for d in out.dead:
                 self.rejected[d.reason.split(":")[0]] += 1
@@ -106,6 +107,15 @@ class Runner:
         if self.checkpointer is not None and self.checkpointer.due():
             await self.checkpointer.save()
         await self.source.commit()
+
+
+def _track(firing: dict[str, tuple[str, str]], alerts: Sequence[Alert]) -> None:
+    """Keep the firing alerts' severity and scope for /metrics."""
+    for a in alerts:
+        if a.status == "firing":
+            firing[a.id] = (a.severity, a.scope.level)
+        else:
+            firing.pop(a.id, None)
 
 
 def sink_name(sink: Sink) -> str:

@@ -103,8 +103,8 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
             feeder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeder
-        c = daemon.pipeline.counters
-        _say(f"{c['records_in']} records in {time.monotonic() - t0:.1f}s, {c['alerts_out']} "
+        c = daemon.pipeline.stats
+        _say(f"{c.records_in} records in {time.monotonic() - t0:.1f}s, {c.alerts_out} "
              f"alert records, {sum(daemon.runner.rejected.values())} rejected")  # fmt: skip
     return code
 
@@ -119,6 +119,6 @@ async def _in_process(args: argparse.Namespace, settings: Settings, simulation: 
         _say(f"in process, scenario {args.scenario}, {args.devices} devices")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run_daemon(daemon, stack), args.duration)
-        c = daemon.pipeline.counters
-        _say(f"{c['records_in']} records, {c['alerts_out']} alert records")
+        c = daemon.pipeline.stats
+        _say(f"{c.records_in} records, {c.alerts_out} alert records")
     return 0

@@ -70,7 +70,7 @@ async def test_restart_restores_detector_state_and_continues(broker: EmbeddedBro
     await produce(settings, batches[cut:])
     await until(lambda: second.records == (80 - cut) * DEVICES, "the second half")
     await second.stop()
-    assert second.pipeline.counters["records_duplicate"] == 0
+    assert second.pipeline.stats.records_duplicate == 0
     assert firing(second.sink.alerts) == expected
     assert not first.sink.alerts
 
@@ -96,10 +96,10 @@ async def test_restart_under_a_new_threshold_keeps_state_and_applies_it(
         assert second.checkpointer.stats.restores == 4
         assert devices_by_partition(second.pipeline) == before
         # Four partitions, four detectors each (layer, device, pool layer, pool device).
-        assert second.pipeline.counters["detector_restore_retuned"] == 16
+        assert second.pipeline.stats.detector_restores["retuned"] == 16
         for st in second.pipeline.partitions.values():
-            assert isinstance(st.layer_detector, BankCusum)
-            assert st.layer_detector.h == 13.0
+            assert isinstance(st.detectors["layer"], BankCusum)
+            assert st.detectors["layer"].h == 13.0
         warned = [e for e in logs if e["event"] == "detector settings differ from the checkpoint's"]
         assert len(warned) == 4
     finally:
@@ -138,7 +138,7 @@ async def test_crash_replays_records_after_the_checkpoint(broker: EmbeddedBroker
     await until(lambda: second.records == total - in_checkpoint, "the replay")
     await second.stop()
     assert second.records == total - in_checkpoint
-    assert second.pipeline.counters["records_duplicate"] == 0
+    assert second.pipeline.stats.records_duplicate == 0
     assert devices_by_partition(second.pipeline) == at_crash
     positions = {tp.partition: o for tp, o in second.source.delivered().items()
                  if tp.topic == samples}  # fmt: skip
@@ -176,8 +176,8 @@ async def test_rebalance_hands_partitions_over_with_their_state(broker: Embedded
     assert b.records > 0
     await b.stop()
     await a.stop()
-    assert a.pipeline.counters["records_duplicate"] == 0
-    assert b.pipeline.counters["records_duplicate"] == 0
+    assert a.pipeline.stats.records_duplicate == 0
+    assert b.pipeline.stats.records_duplicate == 0
 
 
 async def test_restart_sends_what_still_fires_again(broker: EmbeddedBroker) -> None:

@@ -42,7 +42,7 @@ async def test_simulated_pool_regression_alerts_only_that_pool(
             await p.stop()
 
     pipeline = await run_daemon(settings, feed)
-    assert pipeline.counters["records_in"] == 64 * 90
+    assert pipeline.stats.records_in == 64 * 90
 
     alerts = [v for _, v in kcat_read(kcat, broker.bootstrap, topics.alerts)]
     assert alerts, "no alert reached the alerts topic"
@@ -86,8 +86,12 @@ def test_flopwatch_up_honours_sinks_and_repartition(tmp_path) -> None:
     import os  # noqa: PLC0415
 
     jsonl = tmp_path / "alerts.jsonl"
-    env = {**os.environ, "FLOPWATCH_KAFKA__REPARTITION": "true",
-           "FLOPWATCH_SINKS__JSONL_PATH": str(jsonl), "FLOPWATCH_SINKS__CONSOLE": "false"}
+    env = {
+        **os.environ,
+        "FLOPWATCH_KAFKA__REPARTITION": "true",
+        "FLOPWATCH_SINKS__JSONL_PATH": str(jsonl),
+        "FLOPWATCH_SINKS__CONSOLE": "false",
+    }
     out = subprocess.run(
         [sys.executable, "-m", "monitor", "up", "--devices", "64", "--speed", "max",
          "--sim-duration", "15m", "--log-format", "json"],

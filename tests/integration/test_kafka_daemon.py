@@ -41,7 +41,7 @@ async def test_daemon_alerts_topic_and_dead_letters(broker: EmbeddedBroker, kcat
             await p.stop()
 
     pipeline = await run_daemon(settings, produce)
-    assert pipeline.counters["records_in"] == 80 * 32
+    assert pipeline.stats.records_in == 80 * 32
 
     alerts = kcat_read(kcat, broker.bootstrap, t.alerts)
     assert alerts, "no alert on the alerts topic"

@@ -111,7 +111,7 @@ async def test_changes_on_the_topic_are_read_before_the_first_batch(broker: Embe
         await until(lambda: a.records == 80 * DEVICES, "the backlog")
         first = next(x for x in a.sink.alerts if x.status == "firing")
         assert first.suggestion.change_id == "chg-1"
-        assert a.pipeline.counters["changes_in"] == 1
+        assert a.pipeline.stats.changes_in == 1
     finally:
         await a.stop()
 
@@ -139,7 +139,7 @@ async def test_repartitioned_members_each_see_whole_pools(broker: EmbeddedBroker
         assert a.rep is not None
         assert b.rep is not None
         assert a.rep.unkeyed + b.rep.unkeyed == 1
-        await until(lambda: sum(d.pipeline.counters["records_rejected"] for d in (a, b)) == 2,
+        await until(lambda: sum(d.pipeline.stats.records_rejected for d in (a, b)) == 2,
                     "the two bad records at decode")  # fmt: skip
         assert a.rep.copied + b.rep.copied == 100 * DEVICES + 2
         # What /metrics says about the copy stage: the records by keyed, nothing left behind.

@@ -67,12 +67,12 @@ def test_restore_applies_the_configured_parameters() -> None:
     for p, blob in blobs.items():
         assert set(same.restore_partition(p, blob).values()) == {"kept"}
         assert set(retuned.restore_partition(p, blob).values()) == {"retuned"}
-    assert retuned.counters["detector_restore_retuned"] == 4 * len(blobs)
+    assert retuned.stats.detector_restores["retuned"] == 4 * len(blobs)
     for p, st in retuned.partitions.items():
         old = first.partitions[p]
         assert (st.table.ttl_s, old.table.ttl_s) == (600.0, 3600.0)
-        for name in ("layer_detector", "device_detector", "pool_layer_detector"):
-            det, was = getattr(st, name), getattr(old, name)
+        for name in ("layer", "device", "pool_layer"):
+            det, was = st.detectors[name], old.detectors[name]
             assert isinstance(det, BankCusum)
             assert isinstance(was, BankCusum)
             assert (det.h, was.h) == (13.0, 11.0)
@@ -96,13 +96,13 @@ def test_restore_under_another_shape_or_kind_starts_fresh() -> None:
         q = Pipeline(settings)
         assert set(q.restore_partition(1, blob).values()) == {"reset"}
         st = q.partitions[1]
-        assert isinstance(st.layer_detector, kind)
+        assert isinstance(st.detectors["layer"], kind)
         # The streams are kept; their detectors start over (no row has state).
         assert set(st.table.devices) == set(first.partitions[1].table.devices)
-        det = st.layer_detector
+        det = st.detectors["layer"]
         counts = det._s["n"] if isinstance(det, BankCusum) else det._arrays["n"]
         assert int(counts.max()) == 0
-        assert q.counters["detector_restore_reset"] == 4
+        assert q.stats.detector_restores["reset"] == 4
         _run(q, fleet(50)[40:])
 
 

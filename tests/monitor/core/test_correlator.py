@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import pickle
-
 from monitor.config import AlertSettings
-from monitor.core.advisor import Advisor
-from monitor.core.correlator import ChangePoint, Correlator, bottleneck_class
+from monitor.core.advisor import Advisor, bottleneck_class
+from monitor.core.correlator import ChangePoint, Correlator
 from monitor.core.lifecycle import AlertLifecycle
 from monitor.indicators import STAGE_OF
 from monitor.wire import ChangeEvent, ChangeScope
@@ -99,21 +97,6 @@ def test_latency_only_validation_incident_is_contention_not_quality() -> None:
     """Quality is the class only when quality moved; a p99 rise alone is contention."""
     assert bottleneck_class("validation", {"lat_p99_ms", "lat_p95_ms"}) == "contention"
     assert bottleneck_class("validation", {"quality", "lat_p99_ms"}) == "quality"
-
-
-def test_incidents_from_a_checkpoint_before_the_load_field_restore() -> None:
-    """An incident pickled before `load` existed restores with it empty (no AttributeError),
-    so an upgrade does not lose the member's open incidents."""
-    inc = _incident(req_after=220.0)
-    corr = Correlator()
-    corr.incidents.append(inc)
-    del inc.load  # what an incident pickled by the older code lacks
-    restored = pickle.loads(pickle.dumps(corr))  # noqa: S301 - our own bytes
-    restored.fill_missing_fields()
-    (back,) = restored.incidents
-    assert back.load == []
-    assert back.load_ratio() == 1.0
-    assert back.first_failing_stage() == "ingress"
 
 
 def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:

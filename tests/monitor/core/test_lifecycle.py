@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 
 from monitor.config import AlertSettings
@@ -66,20 +64,6 @@ def test_a_pool_that_small_still_alerts() -> None:
     (alert,) = life.due(corr.incidents, T0 + 4 * W, {(POOL, OLD): 3})
     assert alert.severity == "ticket"
     assert alert.scope.device_count == 3
-
-
-def test_incidents_from_a_checkpoint_before_the_pool_size_restore() -> None:
-    """An incident pickled before `pool_size` existed restores judged on today's counts."""
-    corr, _ = _three_devices_then({(POOL, OLD): 168})
-    (inc,) = corr.incidents
-    del inc.pool_size  # what an incident pickled by the older code lacks
-    restored = pickle.loads(pickle.dumps(corr))  # noqa: S301 - our own bytes
-    restored.fill_missing_fields()
-    (back,) = restored.incidents
-    assert back.pool_size == 0
-    assert back.pool_devices({(POOL, OLD): 168}) == 168
-    restored.add([], T0 + 5 * W, {(POOL, OLD): 160})
-    assert back.pool_size == 160
 
 
 def _pool_drop(pool: str, onset: float, hosts: range) -> list[ChangePoint]:

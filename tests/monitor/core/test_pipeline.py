@@ -55,13 +55,13 @@ def test_material_floors_follow_the_settings() -> None:
     default, _, _ = _run(batches)
     raised = Settings(detector=DetectorSettings(material_rel={"mfu": 0.5}))
     strict, _, _ = _run(batches, raised)
-    assert default.point_counts["layer", "mfu", True] > 0
-    assert strict.point_counts["layer", "mfu", True] == 0
-    assert strict.point_counts["layer", "mfu", False] >= default.point_counts["layer", "mfu", True]
+    assert default.stats.points["layer", "mfu", True] > 0
+    assert strict.stats.points["layer", "mfu", True] == 0
+    assert strict.stats.points["layer", "mfu", False] >= default.stats.points["layer", "mfu", True]
     # Other metrics keep their default floors.
     assert (
-        strict.point_counts["layer", "fallback_frac", True]
-        == default.point_counts["layer", "fallback_frac", True]
+        strict.stats.points["layer", "fallback_frac", True]
+        == default.stats.points["layer", "fallback_frac", True]
     )
 
 
@@ -107,12 +107,12 @@ def test_bad_input_goes_to_dead_letters_without_losing_good_records() -> None:
     out = p.process([bad[0], good[0], bad[1], good[1], bad[2], good[2], good[3]])
     assert [d.reason.split(":")[0] for d in out.dead] == ["malformed JSON", "window_s",
                                                            "layers[0].busy_s"]  # fmt: skip
-    assert p.counters["records_in"] == 4
+    assert p.stats.records_in == 4
     late = p.process([msg(window("n/gpu0", T0 + 5)), msg(window("n/gpu1", T0 + 10)),
                       msg(window("n/gpu2", T0 + 20))])  # fmt: skip
     assert [d.reason.split(":")[0] for d in late.dead] == ["late"]
-    assert p.counters["records_duplicate"] == 1
-    assert p.counters["records_in"] == 5
+    assert p.stats.records_duplicate == 1
+    assert p.stats.records_in == 5
 
 
 def test_unknown_hardware_keeps_other_indicators_flowing() -> None:
@@ -127,7 +127,7 @@ def test_unknown_hardware_keeps_other_indicators_flowing() -> None:
                                     stall=stall)))  # fmt: skip
         alerts.extend(p.process(batch).alerts)
     assert sorted(u[0] for u in p.unknown_hw) == [f"n0/gpu{d}" for d in range(8)]
-    assert p.counters["records_in"] == 640
+    assert p.stats.records_in == 640
     assert alerts
     assert alerts[0].metric == "stall_frac"
     assert alerts[0].delta_pct > 30
@@ -180,7 +180,7 @@ def test_memory_stays_flat_as_devices_come_and_go() -> None:
         alerts.extend(p.process(batch).alerts)
         if w % 12 == 11:
             st = p.partitions[0]
-            sizes.append((len(st.table.devices), st.layer_detector.capacity, _state_bytes(st)))
+            sizes.append((len(st.table.devices), st.detectors["layer"].capacity, _state_bytes(st)))
     assert alerts == []
     # At most the live generation plus the ones not yet past the TTL.
     assert max(n for n, _, _ in sizes[3:]) <= 16 * 8
@@ -199,7 +199,7 @@ def test_new_devices_start_from_their_pools_noise_model() -> None:
     def joiners_warm(params: dict[str, float]) -> tuple[int, int, Pipeline]:
         p, _, _ = _run(joining_fleet(), Settings(detector=DetectorSettings(params=params)))
         st = p.partitions[0]
-        det = st.layer_detector
+        det = st.detectors["layer"]
         k = det.n_metrics
         rows = [st.table.layer_index[(st.table.devices[f"node-new/gpu{d}"].row, "attention")]
                 for d in range(4)]  # fmt: skip
@@ -212,46 +212,8 @@ def test_new_devices_start_from_their_pools_noise_model() -> None:
     assert warm >= cells // 4  # the metrics with a spread to learn from
     # Counted for /metrics: every borrowing cell (attention and mlp layers), and the
     # first devices, which had no mature family to borrow from.
-    assert p.warm_counts["layer", "borrowed"] >= warm
-    assert p.warm_counts["layer", "no_donor"] >= 8 * 2  # a metric per layer, at least
+    assert p.stats.warm_starts["layer", "borrowed"] >= warm
+    assert p.stats.warm_starts["layer", "no_donor"] >= 8 * 2  # a metric per layer, at least
     cold, _, q = joiners_warm({})
     assert cold == 0
-    assert not q.warm_counts
-
-
-def test_a_revoked_partition_takes_its_open_incident_to_the_next_owner() -> None:
-    """Hand-over: the old owner drops the incident and names its alert for the sinks to
-    forget; the partition's checkpoint carries it; the new owner re-sends it at its first
-    batch, and then resolves it when the fix lands."""
-    bad, good = fleet(72, regress_at=45, change_at=44), fleet(140)
-    old, alerts, _ = _run(bad[:70])
-    (aid,) = {a.id for a in alerts if a.status == "firing"}
-    # The factory spreads devices over partitions 0-3; the lowest one owns the incident.
-    blobs = {p: old.snapshot_partition(p) for p in range(4)}
-    assert [old.hand_over(p) for p in (1, 2, 3)] == [[], [], []]
-    assert old.hand_over(0) == [aid]
-    assert old.handed_over == [aid]
-    assert not old.correlator.incidents
-    assert old.keep_incidents_of(set()) == []  # nothing left to hand over
-
-    new = Pipeline(Settings())
-    for p, blob in blobs.items():
-        new.restore_partition(p, blob)
-    # Every member reads every change event; the Kafka source re-reads them at start and
-    # sends them with its first batch.
-    first = new.process([m for b in bad for m in b if m.topic == "flopwatch.changes"])
-    assert [(a.id, a.status, a.suggestion.change_id) for a in first.alerts] == [
-        (aid, "firing", "chg-1")
-    ]
-    assert not new.process(bad[70]).alerts  # said once
-    later = [a for b in bad[71:] + good[72:] for a in new.process(b).alerts]
-    assert [(a.id, a.status) for a in later][-1] == (aid, "resolved")
-
-
-def test_restored_incidents_of_other_partitions_are_handed_over() -> None:
-    """A member's incidents checkpoint may hold incidents another member owns now."""
-    p, alerts, _ = _run(fleet(70, regress_at=45, change_at=44))
-    (aid,) = {a.id for a in alerts if a.status == "firing"}
-    assert p.keep_incidents_of({0}) == []
-    assert p.keep_incidents_of({1, 2}) == [aid]
-    assert not p.correlator.incidents
+    assert not q.stats.warm_starts

@@ -79,13 +79,12 @@ async def test_counters_follow_records_dead_letters_and_alerts() -> None:
     pipe = runner.pipeline
     assert (_value(registry, "flopwatch_change_points_total", stream="layer", metric="mfu",
                    material="true") or 0) > 0  # fmt: skip
-    reported = sum(n for (_, outcome), n in pipe.alarm_counts.items() if outcome == "reported")
-    assert reported == sum(n for key, n in pipe.point_counts.items() if key[1] != "kernel") > 0
-    assert (
-        sum(pipe.point_counts.values())
-        == pipe.counters["change_points"] + pipe.counters["change_points_immaterial"]
-    )
-    for (stream, outcome), n in pipe.alarm_counts.items():
+    reported = sum(n for (_, outcome), n in pipe.stats.alarms.items() if outcome == "reported")
+    assert reported == sum(n for key, n in pipe.stats.points.items() if key[1] != "kernel") > 0
+    exported = [s.value for m in registry.collect() if m.name == "flopwatch_change_points"
+                for s in m.samples if s.name.endswith("_total")]  # fmt: skip
+    assert sum(exported) == sum(pipe.stats.points.values())
+    for (stream, outcome), n in pipe.stats.alarms.items():
         assert _value(registry, "flopwatch_detector_alarms_total", stream=stream,
                       outcome=outcome) == n  # fmt: skip
     assert _value(registry, "flopwatch_streams", kind="device") == 32
@@ -144,7 +143,7 @@ async def test_warm_starts_are_counted_by_outcome() -> None:
     runner = Runner(ListSource(joining_fleet()), Pipeline(settings), [ListSink()])
     registry = register_metrics(CollectorRegistry(), runner, ready=lambda: True)
     await runner.run()
-    counts = runner.pipeline.warm_counts
+    counts = runner.pipeline.stats.warm_starts
     assert counts["layer", "borrowed"] > 0
     assert counts["layer", "no_donor"] > 0
     for (stream, outcome), n in counts.items():

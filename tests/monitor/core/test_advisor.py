@@ -1,0 +1,87 @@
+"""Advisor: which change explains an incident, and the next step when none does."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.core.advisor import NEXT_STEP, Advisor, bottleneck_class
+from monitor.core.correlator import ChangePoint, Incident
+from monitor.wire import ChangeEvent, ChangeScope
+
+T0, W = 1_000_000.0, 10.0
+
+
+def _incident(devices: int = 8, host_per_device: bool = True) -> Incident:
+    inc = Incident("train-a", "llama@v1", T0, T0 + 2 * W, W)
+    for i in range(devices):
+        host = f"h{i}" if host_per_device else "h0"
+        inc.points.append(ChangePoint(
+            device=f"{host}/gpu{i}", host=host, pool="train-a", model="llama@v1",
+            layer="attention", metric="mfu", stage="execution", onset_ts=T0,
+            detected_ts=T0 + 2 * W, before=0.5, after=0.4, score=2.0, window_s=W,
+        ))  # fmt: skip
+    return inc
+
+
+def _change(cid: str, ts: float, kind: str = "kernel_lib", **scope: str) -> ChangeEvent:
+    return ChangeEvent(v=1, ts=ts, id=cid, kind=kind,  # type: ignore[arg-type]
+                       scope=ChangeScope(**scope or {"pool": "train-a"}),
+                       from_="1", to="2")  # fmt: skip
+
+
+def test_the_latest_fitting_change_before_the_onset_is_rolled_back() -> None:
+    """Kind fits the stage, scope covers the devices, landed by the first bad window; a
+    change after that, of another pool, or of a kind that cannot cause it never is."""
+    adv = Advisor()
+    for c in (
+        _change("old", T0 - 3600),
+        _change("fit", T0 - 60),
+        _change("late", T0 + 2 * W),
+        _change("elsewhere", T0 - 30, pool="train-b"),
+        _change("wrong-kind", T0 - 20, kind="model"),
+    ):
+        adv.add_change(c)
+    adv.add_change(_change("fit", T0 - 60))  # a repeat is ignored
+    s = adv.suggest(_incident(), "lowering", "kernel_selection", "guard")
+    assert (s.action, s.change_id, s.from_, s.to) == ("rollback", "fit", "2", "1")
+    assert s.confidence == 0.6  # two fitting changes in the look-back: less sure
+    assert [c.id for c in adv.candidates(_incident(), "lowering")] == ["fit", "old"]
+
+
+def test_a_pool_wide_change_does_not_explain_a_single_host() -> None:
+    """A rollout to the whole pool that hurt one host would have hurt the pool."""
+    adv = Advisor()
+    adv.add_change(_change("pool", T0 - 60, kind="driver"))
+    adv.add_change(_change("host", T0 - 50, kind="driver", host="h0"))
+    one_host = _incident(4, host_per_device=False)
+    assert [c.id for c in adv.candidates(one_host, "execution", "host")] == ["host"]
+    assert [c.id for c in adv.candidates(one_host, "execution", "pool")] == ["host", "pool"]
+
+
+@pytest.mark.parametrize("bottleneck", sorted(NEXT_STEP))
+def test_without_a_change_the_next_step_is_a_bounded_hypothesis(bottleneck: str) -> None:
+    s = Advisor().suggest(_incident(), "execution", bottleneck, "guard")
+    assert s.action == NEXT_STEP[bottleneck][0]
+    assert s.change_id is None
+    assert s.guardrail == f"hypothesis: {NEXT_STEP[bottleneck][1]}; guard"
+
+
+@pytest.mark.parametrize(
+    ("stage", "moved", "load", "expected"),
+    [
+        ("ingress", {"queue_wait_ms", "temp_c"}, 1.5, "overload"),
+        ("ingress", {"queue_wait_ms"}, 1.1, "ingress"),
+        ("ingress", {"queue_wait_ms", "mfu"}, 2.0, "ingress"),  # efficiency moved too
+        ("lowering", {"mfu"}, 1.0, "kernel_selection"),
+        ("scheduling", {"sram_hit"}, 1.0, "memory_locality"),
+        ("validation", {"quality"}, 1.0, "quality"),
+        ("validation", {"lat_p99_ms"}, 1.0, "contention"),
+        ("execution", {"sync_frac", "clock_mhz"}, 1.0, "synchronisation"),
+        ("execution", {"clock_mhz", "temp_c"}, 1.0, "thermal_power"),
+        ("execution", {"stall_frac"}, 1.0, "memory_locality"),
+        ("execution", {"mfu"}, 1.0, "unclassified"),
+    ],
+)
+def test_bottleneck_decision_matrix(stage, moved, load, expected) -> None:
+    assert bottleneck_class(stage, moved, load) == expected
+    assert expected in NEXT_STEP
