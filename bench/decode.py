@@ -119,10 +119,10 @@ async def consume(kafka: KafkaSettings, n: int) -> float:
     stamps: list[float] = []
     process = pipeline.process
 
-    def timed(batch: list[RawMessage]) -> Output:
+    def timed(batch: list[RawMessage], wall_ts: float | None = None) -> Output:
         if not stamps:
             stamps.append(time.perf_counter())
-        out = process(batch)
+        out = process(batch, wall_ts)
         stamps[1:] = [time.perf_counter()]
         return out
 

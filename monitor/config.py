@@ -203,6 +203,21 @@ class CheckpointSettings(_Frozen):
     )
 
 
+class LimitSettings(_Frozen):
+    """Bounds on input: what one record, or one clock, may cost or claim."""
+
+    max_record_bytes: int = Field(
+        default=1 << 20, ge=1024, description="larger records are dead-lettered unread"
+    )
+    max_layers: int = Field(default=256, ge=1, le=4096, description="layer entries per record")
+    max_future_s: float = Field(
+        default=600.0, gt=0, description="records dated further ahead of the wall clock: future"
+    )
+    max_dead_letter_bytes: int = Field(
+        default=64 * 1024, ge=256, description="dead letters carry at most this much of a record"
+    )
+
+
 class HardwareEntry(_Frozen):
     """A catalog entry added or overridden from config."""
 
@@ -228,6 +243,7 @@ class Settings(BaseSettings):
     alerts: AlertSettings = AlertSettings()
     sinks: SinkSettings = SinkSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
+    limits: LimitSettings = LimitSettings()
     hardware: dict[str, HardwareEntry] = Field(default_factory=dict)
     http_port: int = Field(default=9108, ge=0, le=65535, description="0 disables /metrics")
     log_format: Literal["auto", "json", "console"] = "auto"

@@ -264,18 +264,38 @@ def _show(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
-class Codec:
-    """Reusable decoders/encoders; construct once, share across batches."""
+# Unix seconds stay below 1e10 until the year 2286; a larger `ts` is another unit.
+_MAX_UNIX_S = 1e10
+_UNITS = ((1e17, "nanoseconds"), (1e14, "microseconds"), (1e11, "milliseconds"))
 
-    def __init__(self) -> None:
+
+def _ts_reason(ts: float) -> str:
+    unit = next((name for bound, name in _UNITS if ts >= bound), None)
+    guess = f" ({unit}?)" if unit else " (beyond the year 2286)"
+    return f"ts: expected Unix seconds, got {_show(ts)}{guess}"
+
+
+class Codec:
+    """Reusable decoders/encoders; construct once, share across batches.
+
+    `max_bytes` and `max_layers` bound what one record may cost: a larger record is
+    rejected before it is parsed, a longer layer list after.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 20, max_layers: int = 256) -> None:
+        self.max_bytes, self.max_layers = max_bytes, max_layers
         self._window = msgspec.json.Decoder(WindowRecord)
         self._change = msgspec.json.Decoder(ChangeEvent)
         self._alert = msgspec.json.Decoder(Alert)
         self._enc = msgspec.json.Encoder()
 
     def _decode(self, dec: msgspec.json.Decoder[Any], data: bytes) -> Any:
+        if len(data) > self.max_bytes:
+            raise DecodeError(f"record: {len(data)} bytes, over the limit of {self.max_bytes}")
         try:
             return dec.decode(data)
+        except RecursionError:
+            raise DecodeError("malformed JSON: nested too deep") from None
         except msgspec.ValidationError as exc:
             raise DecodeError(_reason(exc, data)) from None
         except msgspec.DecodeError as exc:
@@ -285,7 +305,17 @@ class Codec:
     def decode_window(self, data: bytes) -> WindowRecord:
         """Decode and validate one window record; raises DecodeError with a field-named reason."""
         rec: WindowRecord = self._decode(self._window, data)
+        if rec.ts >= _MAX_UNIX_S:
+            raise DecodeError(_ts_reason(rec.ts))
+        if len(rec.layers) > self.max_layers:
+            raise DecodeError(
+                f"layers: {len(rec.layers)} entries, over the limit of {self.max_layers}"
+            )
+        seen: set[str] = set()
         for i, layer in enumerate(rec.layers):
+            if layer.type in seen:
+                raise DecodeError(f"layers[{i}].type: {layer.type!r} repeated in one window")
+            seen.add(layer.type)
             if (
                 layer.stall_mem_cycles is not None
                 and layer.cycles is not None
@@ -300,6 +330,8 @@ class Codec:
     def decode_change(self, data: bytes) -> ChangeEvent:
         """Decode and validate one change event."""
         ev: ChangeEvent = self._decode(self._change, data)
+        if ev.ts >= _MAX_UNIX_S:
+            raise DecodeError(_ts_reason(ev.ts))
         return ev
 
     def decode_alert(self, data: bytes) -> Alert:

@@ -9,6 +9,7 @@ after that.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from monitor.core.correlator import Incident
@@ -84,32 +85,56 @@ NEXT_STEP: dict[str, tuple[str, str]] = {
 
 @dataclass
 class Advisor:
-    """Holds recent change events and matches them to incidents."""
+    """Holds recent change events, in (ts, id) order, and matches them to incidents.
+
+    Inserting a change and finding those in an incident's look-back are binary searches,
+    so a changes topic of a million events loads in seconds, not hours.
+    """
 
     lookback_s: float = 6 * 3600.0
     changes: list[ChangeEvent] = field(default_factory=list)
+    _keys: list[tuple[float, str]] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.restore(self.changes)
+
+    def restore(self, changes: list[ChangeEvent]) -> None:
+        """Replace the known changes (from a checkpoint), repeats dropped."""
+        by_id = {c.id: c for c in changes}
+        self.changes = sorted(by_id.values(), key=lambda c: (c.ts, c.id))
+        self._keys = [(c.ts, c.id) for c in self.changes]
+        self._ids = set(by_id)
 
     def add_change(self, ev: ChangeEvent) -> None:
         """Remember a change event (ignores a repeat of the same id)."""
-        if all(c.id != ev.id for c in self.changes):
-            self.changes.append(ev)
-            self.changes.sort(key=lambda c: (c.ts, c.id))
+        if ev.id in self._ids:
+            return
+        key = (ev.ts, ev.id)
+        i = bisect.bisect_right(self._keys, key)
+        self._keys.insert(i, key)
+        self.changes.insert(i, ev)
+        self._ids.add(ev.id)
 
     def prune(self, now_ts: float) -> None:
         """Forget changes older than twice the look-back."""
-        self.changes = [c for c in self.changes if now_ts - c.ts <= 2 * self.lookback_s]
+        cut = bisect.bisect_left(
+            self.changes, True, key=lambda c: now_ts - c.ts <= 2 * self.lookback_s
+        )
+        if cut:
+            self._ids.difference_update(c.id for c in self.changes[:cut])
+            del self.changes[:cut], self._keys[:cut]
 
     def candidates(self, inc: Incident, stage: Stage, level: str = "pool") -> list[ChangeEvent]:
         """Changes that may explain the incident, most recent first."""
-        latest = inc.onset_ts + inc.window_s
+        earliest, latest = inc.onset_ts - self.lookback_s, inc.onset_ts + inc.window_s
+        lo = bisect.bisect_left(self.changes, True, key=lambda c: earliest <= c.ts)
+        hi = bisect.bisect_left(self.changes, True, key=lambda c: c.ts > latest)
         out = [
             c
-            for c in self.changes
-            if inc.onset_ts - self.lookback_s <= c.ts <= latest
-            and _covers(c.scope, inc, level)
-            and stage in KIND_STAGES.get(c.kind, frozenset())
+            for c in self.changes[lo:hi]
+            if _covers(c.scope, inc, level) and stage in KIND_STAGES.get(c.kind, frozenset())
         ]
-        return sorted(out, key=lambda c: (c.ts, c.id), reverse=True)
+        return out[::-1]
 
     def suggest(
         self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str, level: str = "pool"

@@ -50,6 +50,7 @@ class PipelineStats:
     records_duplicate: int = 0
     records_late: int = 0
     records_rejected: int = 0  # failed to decode
+    records_future: int = 0  # dated beyond the wall clock (`limits.max_future_s`)
     changes_in: int = 0
     alerts_out: int = 0
     load_extrapolated: int = 0  # samples withheld: load outside the load model's data
@@ -86,7 +87,8 @@ class Pipeline:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.catalog = catalog_from(settings)
-        self.codec = Codec()
+        lim = settings.limits
+        self.codec = Codec(lim.max_record_bytes, lim.max_layers)
         self.partitions: dict[int, PartitionState] = {}
         self.partition_ts: dict[int, float] = {}  # event time each partition has reached
         self.correlator = Correlator(settings.alerts.group_window_s)
@@ -110,10 +112,16 @@ class Pipeline:
             st = self.partitions[p] = new_partition(self.settings, self.catalog)
         return st
 
-    def process(self, batch: list[RawMessage]) -> Output:
-        """Decode, detect, correlate and advise over one batch; returns alerts and dead letters."""
+    def process(self, batch: list[RawMessage], wall_ts: float | None = None) -> Output:
+        """Decode, detect, correlate and advise over one batch; returns alerts and dead letters.
+
+        `wall_ts` (live sources only; replays run in event time alone): window records
+        dated more than `limits.max_future_s` after it are dead-lettered as `future`, so one
+        clock gone wrong can neither expire every stream of its partition nor page from
+        the future.
+        """
         out = Output()
-        samples = self._decode(batch, out)
+        samples = self._decode(batch, out, wall_ts)
         points: list[ChangePoint] = []
         views: list[NormView] = []
         for part, items in sorted(samples.items()):
@@ -143,22 +151,30 @@ class Pipeline:
         return out
 
     def _decode(
-        self, batch: list[RawMessage], out: Output
+        self, batch: list[RawMessage], out: Output, wall_ts: float | None
     ) -> dict[int, list[tuple[RawMessage, WindowRecord]]]:
         """Window records by input partition; change events go to the advisor."""
         samples: dict[int, list[tuple[RawMessage, WindowRecord]]] = {}
         changes_topic = self.settings.kafka.topics.changes
+        limit = self.settings.limits.max_future_s
         for msg in batch:
             try:
                 if msg.topic == changes_topic:
                     self.advisor.add_change(self.codec.decode_change(msg.value))
                     self.stats.changes_in += 1
-                else:
-                    rec = self.codec.decode_window(msg.value)
-                    samples.setdefault(msg.partition, []).append((msg, rec))
+                    continue
+                rec = self.codec.decode_window(msg.value)
             except DecodeError as exc:
                 out.dead.append(DeadLetter(msg, exc.reason))
                 self.stats.records_rejected += 1
+                continue
+            if wall_ts is not None and rec.ts > wall_ts + limit:
+                reason = (f"future: ts={rec.ts:.0f} is {rec.ts - wall_ts:.0f}s ahead of the wall "
+                          f"clock (limits.max_future_s={limit:g})")  # fmt: skip
+                out.dead.append(DeadLetter(msg, reason))
+                self.stats.records_future += 1
+                continue
+            samples.setdefault(msg.partition, []).append((msg, rec))
         return samples
 
     def _expire(self, part: int, st: PartitionState, frame: Frame) -> None:
@@ -306,7 +322,7 @@ class Pipeline:
         self.correlator.recent = list(snap.recent)
         known = {incident_key(i) for i in self.correlator.incidents}
         self.correlator.incidents.extend(i for i in adopted if incident_key(i) not in known)
-        self.advisor.changes = list(snap.changes)
+        self.advisor.restore(list(snap.changes))
         self.lifecycle.states = {**self.lifecycle.states, **snap.alerts}
         self._to_restate = list(self.correlator.incidents)
 

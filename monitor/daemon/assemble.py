@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ async def _assemble_kafka(
     # Closed in reverse order of registration: the source first (leaving the group may
     # still save revoked partitions), then the checkpoint store, the copy stage, and the
     # producer last, so the final checkpoint and the last dead letters still go out.
-    kafka_sink = KafkaSink(kafka)
+    kafka_sink = KafkaSink(kafka, settings.limits.max_dead_letter_bytes)
     _close_on_exit(stack, kafka_sink)
     rep = Repartitioner(kafka) if kafka.repartition else None
     _close_on_exit(stack, rep)
@@ -182,7 +183,8 @@ async def _assemble_kafka(
         sinks.append(sink)
     runner = Runner(source, pipeline, sinks,
                     dead_letters=wiring.dead_letters or kafka_sink.send_dead,
-                    stop_when_idle=wiring.stop_when_idle, checkpointer=checkpointer)  # fmt: skip
+                    stop_when_idle=wiring.stop_when_idle, checkpointer=checkpointer,
+                    wall_clock=time.time)  # fmt: skip
     daemon = Daemon(settings, source, pipeline, sinks, runner, checkpointer, rep)
     if wiring.http_host is not None:
         registry = register_metrics(CollectorRegistry(), runner, source, checkpointer,

@@ -133,11 +133,12 @@ class DaemonCollector(Collector):
         records = CounterMetricFamily(
             "flopwatch_records_total",
             "Window records by outcome: accepted, duplicate and late (decoded but dropped), "
-            "invalid (failed validation).",
+            "invalid (failed validation), future (dated beyond limits.max_future_s).",
             labels=["outcome"],
         )
         for outcome, n in (("accepted", c.records_in), ("duplicate", c.records_duplicate),
-                           ("late", c.records_late), ("invalid", c.records_rejected)):  # fmt: skip
+                           ("late", c.records_late), ("invalid", c.records_rejected),
+                           ("future", c.records_future)):  # fmt: skip
             records.add_metric([outcome], n)
         yield records
         yield _counter("flopwatch_change_events_total", "Change events read.", c.changes_in)

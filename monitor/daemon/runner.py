@@ -35,6 +35,8 @@ class Runner:
     rejected: Counter[str] = field(default_factory=Counter)
     # Kafka only: stores detector state after sinks ack, before the commit, and at stop.
     checkpointer: Checkpointer | None = None
+    # Live sources: the wall clock that bounds event time from above (`Pipeline.process`).
+    wall_clock: Callable[[], float] | None = None
     # Read by the metrics collector at scrape time; updated once per batch, not per record.
     sent: Counter[tuple[str, str]] = field(default_factory=Counter)  # (sink, status)
     send_errors: Counter[str] = field(default_factory=Counter)
@@ -90,7 +92,7 @@ class Runner:
             self.firing.pop(aid, None)
 
     async def _process(self, batch: list[RawMessage], log: FilteringBoundLogger) -> None:
-        out = self.pipeline.process(batch)
+        out = self.pipeline.process(batch, self.wall_clock() if self.wall_clock else None)
         if out.alerts:
             await self._send(out.alerts)
         if out.dead:

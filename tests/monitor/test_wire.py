@@ -200,3 +200,34 @@ def test_encode_is_compact_json() -> None:
     """Encoded records are valid JSON that msgspec and json agree on."""
     rec = Codec().decode_window(json.dumps(GOOD).encode())
     assert json.loads(Codec().encode(rec)) == msgspec.to_builtins(rec)
+
+
+_GOOD = {"v": 1, "ts": 1_764_432_010.0, "window_s": 10.0, "device": "n0/gpu0", "layers": []}
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        # A 2 KB value nested 1,000 deep used to raise RecursionError out of the decoder.
+        (b'{"v":1,"x":' + b"[" * 1000 + b"]" * 1000 + b"}", "malformed JSON: nested too deep"),
+        (json.dumps({**_GOOD, "ts": 1_764_432_010_000.0}).encode(),
+         "ts: expected Unix seconds, got 1764432010000 (milliseconds?)"),
+        (json.dumps({**_GOOD, "ts": 1.764432010e15}).encode(), "(microseconds?)"),
+        (json.dumps({**_GOOD, "layers": [{"type": "mlp"}] * 3}).encode(),
+         "layers[1].type: 'mlp' repeated in one window"),
+        (json.dumps({**_GOOD, "layers": [{"type": f"t{i}"} for i in range(300)]}).encode(),
+         "layers: 300 entries, over the limit of 256"),
+        (b" " * (1 << 20) + json.dumps(_GOOD).encode(), "bytes, over the limit of 1048576"),
+    ],
+)  # fmt: skip
+def test_records_that_cost_or_claim_too_much_are_rejected(value: bytes, reason: str) -> None:
+    """Depth, size, layer count, repeated layer types and timestamps in another unit."""
+    with pytest.raises(DecodeError) as info:
+        Codec().decode_window(value)
+    assert reason in info.value.reason
+
+
+def test_a_change_event_in_milliseconds_is_rejected() -> None:
+    ev = {"v": 1, "ts": 1_764_432_010_000, "id": "c", "kind": "driver", "scope": {}}
+    with pytest.raises(DecodeError, match="milliseconds"):
+        Codec().decode_change(json.dumps(ev).encode())

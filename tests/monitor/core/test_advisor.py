@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from monitor.core.advisor import NEXT_STEP, Advisor, bottleneck_class
 from monitor.core.correlator import ChangePoint, Incident
@@ -85,3 +89,31 @@ def test_without_a_change_the_next_step_is_a_bounded_hypothesis(bottleneck: str)
 def test_bottleneck_decision_matrix(stage, moved, load, expected) -> None:
     assert bottleneck_class(stage, moved, load) == expected
     assert expected in NEXT_STEP
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(-5000, 5000)), max_size=60),
+    st.integers(-3000, 8000),
+    st.integers(-3000, 8000),
+)
+def test_indexed_changes_match_a_plain_scan(events, prune_at, onset) -> None:
+    """The binary-searched index keeps what a linear scan and a full sort would: repeats
+    ignored, (ts, id) order, pruning and the look-back window alike."""
+    adv = Advisor(lookback_s=1000.0)
+    plain: dict[str, ChangeEvent] = {}
+    for i, t in events:
+        ev = _change(f"c{i}", T0 + t)
+        adv.add_change(ev)
+        plain.setdefault(ev.id, ev)
+    adv.prune(T0 + prune_at)
+    kept = sorted(
+        (c for c in plain.values() if (T0 + prune_at) - c.ts <= 2000.0), key=lambda c: (c.ts, c.id)
+    )
+    assert adv.changes == kept
+    inc = _incident()
+    inc.points = [replace(p, onset_ts=T0 + onset) for p in inc.points]
+    want = [c for c in kept if T0 + onset - 1000.0 <= c.ts <= T0 + onset + W][::-1]
+    assert adv.candidates(inc, "lowering") == want
+    adv.add_change(_change("fresh", T0 + 9000))
+    assert adv.changes[-1].id == "fresh"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
 from factories import T0, fleet, joining_fleet, msg, window
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from monitor.config import DetectorSettings, Settings
 from monitor.core.pipeline import Pipeline
@@ -217,3 +220,54 @@ def test_new_devices_start_from_their_pools_noise_model() -> None:
     cold, _, q = joiners_warm({})
     assert cold == 0
     assert not q.stats.warm_starts
+
+
+def test_a_record_dated_a_day_ahead_is_dead_lettered_and_blinds_nobody() -> None:
+    """One valid record dated +1 day used to expire every stream of its partition and hide
+    the incident; now it goes to the dead letters as `future` and the alerts are unchanged."""
+    batches = fleet(80, regress_at=45, change_at=44)
+    wall = T0 + 10.0 * 81
+
+    def run(poison: bool):
+        p = Pipeline(Settings())
+        alerts, dead = [], []
+        for w, b in enumerate(batches):
+            bad = [msg(window("node-000/gpu0", T0 + 86400.0))] if poison and w == 30 else []
+            out = p.process([*b, *bad], wall_ts=wall)
+            alerts.extend(out.alerts)
+            dead.extend(out.dead)
+        return p, alerts, dead
+
+    _, clean, _ = run(poison=False)
+    p, alerts, dead = run(poison=True)
+    assert [d.reason.split(":")[0] for d in dead] == ["future"]
+    assert "ahead of the wall clock (limits.max_future_s=600)" in dead[0].reason
+    assert p.stats.records_future == 1
+    assert alerts == clean
+    assert any(a.status == "firing" for a in alerts)
+
+
+@functools.cache
+def _small_incident():
+    batches = fleet(40, devices=16, regress_at=20, change_at=19)
+    clean = Pipeline(Settings())
+    return batches, [a for b in batches for a in clean.process(b).alerts]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=6), st.integers(0, 39))
+def test_any_bytes_leave_the_pipeline_running_and_other_alerts_unchanged(junk, at) -> None:
+    """Whatever bytes arrive, each is dead-lettered with a reason (or used, if it is a valid
+    record); the batch goes on and the real records' alerts are exactly as without them."""
+    batches, want = _small_incident()
+    assert want  # the clean run pages: there is something to disturb
+    p = Pipeline(Settings())
+    got, dead = [], []
+    for w, b in enumerate(batches):
+        extra = [msg(j, partition=w % 4) for j in junk] if w == at else []
+        out = p.process([*b, *extra])
+        got.extend(out.alerts)
+        dead.extend(out.dead)
+    assert got == want
+    assert len(dead) == len(junk)
+    assert all(d.reason for d in dead)
