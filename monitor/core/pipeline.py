@@ -168,6 +168,14 @@ class Pipeline:
                 out.dead.append(DeadLetter(msg, exc.reason))
                 self.stats.records_rejected += 1
                 continue
+            if msg.key is not None and msg.key not in self._keys_of(rec):
+                # On another device's partition it would pass for a new device there: wrong
+                # pool sizes, scopes and severities. Keys are devices (pools when repartitioned).
+                reason = (f"key: {msg.key[:64].decode(errors='replace')!r} is not the record's "
+                          f"device {rec.device!r}")  # fmt: skip
+                out.dead.append(DeadLetter(msg, reason))
+                self.stats.records_rejected += 1
+                continue
             if wall_ts is not None and rec.ts > wall_ts + limit:
                 reason = (f"future: ts={rec.ts:.0f} is {rec.ts - wall_ts:.0f}s ahead of the wall "
                           f"clock (limits.max_future_s={limit:g})")  # fmt: skip
@@ -176,6 +184,13 @@ class Pipeline:
                 continue
             samples.setdefault(msg.partition, []).append((msg, rec))
         return samples
+
+    def _keys_of(self, rec: WindowRecord) -> tuple[bytes, ...]:
+        """The keys a window record may carry: its device, or its pool on the by-pool copy."""
+        device = rec.device.encode()
+        if self.settings.kafka.repartition and rec.pool:
+            return (device, rec.pool.encode())
+        return (device,)
 
     def _expire(self, part: int, st: PartitionState, frame: Frame) -> None:
         """Advance the partition's event time; expire silent streams now and then."""
