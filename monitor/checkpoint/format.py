@@ -208,13 +208,15 @@ class Assembler:
             return
         if value is None:
             return
-        sk = (base, slot)
-        self.slot_chunks[sk] = max(self.slot_chunks.get(sk, 0), index + 1)
         try:
             header, body = decode_chunk(value, index)
         except CheckpointError as exc:
             self._reject(text, str(exc))
             return
+        if self.mac_key is None:
+            # Unsigned: any well-formed chunk may have left a slot longer than the next write.
+            sk = (base, slot)
+            self.slot_chunks[sk] = max(self.slot_chunks.get(sk, 0), index + 1)
         part = self._partial.get((base, header.id))
         if part is None:
             part = self._partial[(base, header.id)] = _Partial(header, slot, self._seq)
@@ -244,6 +246,9 @@ class Assembler:
                     record_key(base, part.slot, 0), f"{why}: not restored (checkpoint.key)"
                 )
                 return
+        # Signed: only a checkpoint whose MAC held says how many chunks a slot holds.
+        sk = (base, part.slot)
+        self.slot_chunks[sk] = max(self.slot_chunks.get(sk, 0), h.chunks)
         done = self._complete.setdefault(base, [])
         done.append(Checkpoint(base, h.id, part.slot, h.offsets, h.watermark, h.created_at, blob))
         del done[: -self.keep]

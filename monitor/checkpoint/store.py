@@ -29,6 +29,8 @@ from monitor.log import get_logger
 
 # ~1.5x the time, and it runs off the event loop.
 _LEVEL = 6
+# Tombstones one write may add for a slot's leftover chunks.
+MAX_STALE = 4096
 # Room for the chunk header and the record framing above `chunk_bytes`.
 _MARGIN = 64 * 1024
 
@@ -112,7 +114,10 @@ class CheckpointStore:
             created_at=time.time(), chunk_bytes=self.chunk_bytes, mac_key=self.mac_key,
         )  # fmt: skip
         part = self.partition_for(hint)
-        stale = range(len(records), self._slot_chunks.get((base, slot), 0))
+        # Chunks a longer checkpoint left in this slot are deleted; never more than
+        # MAX_STALE per write, whatever a forged record claimed about the slot.
+        stale = range(len(records), min(self._slot_chunks.get((base, slot), 0),
+                                        len(records) + MAX_STALE))  # fmt: skip
         futs = [
             await self._producer.send(self.topic, key=k.encode(), value=v, partition=part)
             for k, v in records
