@@ -246,6 +246,11 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     hardware: dict[str, HardwareEntry] = Field(default_factory=dict)
     http_port: int = Field(default=9108, ge=0, le=65535, description="0 disables /metrics")
+    http_host: str | None = Field(
+        default=None,
+        description="interface for /metrics and the probes (default: all for `run`, "
+        "loopback for `up`; the chart sets the pod IP)",
+    )
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -187,10 +187,11 @@ async def _assemble_kafka(
                     wall_clock=time.time)  # fmt: skip
     daemon = Daemon(settings, source, pipeline, sinks, runner, checkpointer, rep)
     if wiring.http_host is not None:
+        host = settings.http_host or wiring.http_host
         registry = register_metrics(CollectorRegistry(), runner, source, checkpointer,
                                     lambda: source.ready, rep)  # fmt: skip
         daemon.http = await serve_http(settings.http_port, registry, lambda: source.ready,
-                                       wiring.http_host)  # fmt: skip
+                                       host)  # fmt: skip
         _close_on_exit(stack, daemon.http)
     return daemon
 

@@ -125,7 +125,7 @@ class DaemonCollector(Collector):
         for tp in sorted(rep.consumer.assignment()):
             high = rep.consumer.highwater(tp)
             if high is not None and tp in rep.delivered:
-                lag.add_metric([tp.topic, str(tp.partition)], max(0, high - rep.delivered[tp]))
+                lag.add_metric([tp.topic, str(tp.partition)], high - rep.delivered[tp])
         yield lag
 
     def _pipeline(self, p: Pipeline) -> Iterator[Metric]:
@@ -277,14 +277,16 @@ class DaemonCollector(Collector):
         lag = GaugeMetricFamily(
             "flopwatch_consumer_lag_records",
             "Records between the broker's high watermark and what was delivered, per partition "
-            "(absent until a fetch reported the high watermark).",
+            "(absent until a fetch reported the high watermark; negative: the log was "
+            "truncated or reset under the consumer).",
             labels=["topic", "partition"],
         )
         parts: Counter[str] = Counter(tp.topic for tp in assigned)
         for tp in sorted(assigned):
             high = consumer.highwater(tp)
             if high is not None and tp in delivered:
-                lag.add_metric([tp.topic, str(tp.partition)], max(0, high - delivered[tp]))
+                # Not clamped: below zero the log was truncated or reset under the consumer.
+                lag.add_metric([tp.topic, str(tp.partition)], high - delivered[tp])
         yield lag
         count = GaugeMetricFamily("flopwatch_assigned_partitions",
                                   "Partitions assigned to this member.",

@@ -80,7 +80,9 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
         wiring = Wiring(http_host="127.0.0.1", private_broker=private, stop_when_idle=done.is_set)
         daemon = await assemble(stack, settings, wiring)
         if daemon.http is not None:
-            _say(f"metrics on http://127.0.0.1:{daemon.http.port}/metrics")
+            _say(
+                f"metrics on http://{settings.http_host or '127.0.0.1'}:{daemon.http.port}/metrics"
+            )
         if daemon.repartitioner is not None:
             _say(f"samples re-keyed by pool onto {kafka.topics.by_pool}")
 

@@ -338,6 +338,9 @@ def test_probes_and_ports_match_the_http_port(
     )
     assert window > Settings().checkpoint.load_timeout_s
     assert container_env(c)[f"{PREFIX}HTTP_PORT"] == str(default_port)
+    # Bound to the pod IP, where the kubelet's probes and Prometheus connect.
+    (host,) = [e for e in c["env"] if e["name"] == f"{PREFIX}HTTP_HOST"]
+    assert host["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     (svc_port,) = one(docs, "Service")["spec"]["ports"]
     assert ports.get(svc_port["targetPort"], svc_port["targetPort"]) == default_port
     assert (

@@ -120,7 +120,9 @@ def _listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def _daemon(broker: EmbeddedBroker, port: int, log: BinaryIO) -> subprocess.Popen[bytes]:
+def _daemon(
+    broker: EmbeddedBroker, port: int, log: BinaryIO, host: str | None = None
+) -> subprocess.Popen[bytes]:
     s = isolated_settings(broker)
     k, t = s.kafka, s.kafka.topics
     env = {**os.environ, "FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
@@ -128,6 +130,8 @@ def _daemon(broker: EmbeddedBroker, port: int, log: BinaryIO) -> subprocess.Pope
            "FLOPWATCH_KAFKA__TOPICS__CHANGES": t.changes, "FLOPWATCH_KAFKA__TOPICS__STATE": t.state,
            "FLOPWATCH_SINKS__CONSOLE": "false", "FLOPWATCH_LOG_FORMAT": "json",
            "FLOPWATCH_HTTP_PORT": str(port)}  # fmt: skip
+    if host:
+        env["FLOPWATCH_HTTP_HOST"] = host
     asyncio.run(ensure_topics(k))
     return subprocess.Popen([sys.executable, "-m", "monitor", "run"], env=env,
                             stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
@@ -136,10 +140,11 @@ def _daemon(broker: EmbeddedBroker, port: int, log: BinaryIO) -> subprocess.Pope
 def test_flopwatch_run_serves_on_http_port_and_port_zero_serves_nothing(
     broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
-    """`flopwatch run` listens on FLOPWATCH_HTTP_PORT; with 0 it opens no listening socket."""
+    """`flopwatch run` listens on FLOPWATCH_HTTP_PORT (and only on FLOPWATCH_HTTP_HOST when
+    set); with port 0 it opens no listening socket."""
     port = free_port()
     with (tmp_path / "on.log").open("wb") as on_log, (tmp_path / "off.log").open("wb") as off_log:
-        on = _daemon(broker, port, on_log)
+        on = _daemon(broker, port, on_log, host="127.0.0.1")
         off = _daemon(broker, 0, off_log)
         _check_both(port, on, off, tmp_path)
 
@@ -159,6 +164,9 @@ def _check_both(
             assert time.monotonic() < deadline, "flopwatch run never became ready"
             time.sleep(0.1)
         assert _listening_ports(on.pid) == {port}
+        # Bound to 127.0.0.1 only: another loopback address is refused.
+        with pytest.raises(urllib.error.URLError, match="refused"):
+            _get(f"http://127.0.0.2:{port}/readyz")
         status, body = _get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
         assert b"flopwatch_build_info{" in body
