@@ -165,6 +165,12 @@ class KafkaSource:
             if self._to_assign is not None:
                 async with self._lock:
                     await self._finish_assignment()
+            step = self.kafka.max_batch_records
+            while len(self._early_changes) > step:
+                # A long changes topic goes through in batch-sized pieces, all before the
+                # first samples: the loop (probes, metrics) runs between them.
+                chunk, self._early_changes = self._early_changes[:step], self._early_changes[step:]
+                yield chunk
             generation = self._generation
             got = await self.consumer.getmany(
                 timeout_ms=self.kafka.poll_timeout_ms, max_records=self.kafka.max_batch_records
