@@ -8,7 +8,10 @@ Context (component, partition, device, layer) is bound by callers with
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import time
+from collections.abc import Callable
 from typing import Literal, TextIO
 
 import structlog
@@ -42,10 +45,37 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
-    # aiokafka logs through stdlib logging; keep its noise at warning and on stderr.
+    # aiokafka logs through stdlib logging; keep its noise at warning and on stderr, and
+    # say a repeated error once per minute with a count (a down broker: ~120 lines/s).
     logging.basicConfig(
         level=logging.WARNING, stream=out, format="%(levelname)s %(name)s %(message)s"
     )
+    kafka_log = logging.getLogger("aiokafka")
+    if not any(isinstance(f, RepeatFilter) for f in kafka_log.filters):
+        kafka_log.addFilter(RepeatFilter())
+
+
+class RepeatFilter(logging.Filter):
+    """Passes the first of a run of same-template records, drops the rest for `window_s`,
+    then passes the next one saying how many were dropped."""
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.window_s, self.clock = window_s, clock
+        self._seen: dict[tuple[str, int, object], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True to emit `record` (with the count of those dropped before it)."""
+        key = (record.name, record.levelno, record.msg)
+        now = self.clock()
+        first, dropped = self._seen.get(key, (-math.inf, 0))
+        if now - first < self.window_s:
+            self._seen[key] = (first, dropped + 1)
+            return False
+        self._seen[key] = (now, 0)
+        if dropped:
+            record.msg = f"{record.msg} (repeated {dropped} more times in the last run)"
+        return True
 
 
 def get_logger(component: str, **context: object) -> structlog.typing.FilteringBoundLogger:
