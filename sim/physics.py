@@ -34,8 +34,7 @@ class NoiseSpec:
     straggler_factor: float = 0.88
     wander_sigma: float = 0.01  # stationary sd of the AR(1) log-efficiency wander
     wander_phi: float = 0.97
-    white_sigma: float = 0.015  # scale of the Student-t multiplicative noise
-    t_df: float = 4.0
+    white_sigma: float = 0.015  # scale of the Student-t (4 d.o.f.) multiplicative noise
     outlier_rate: float = 2e-4  # one-window outliers per device x layer x window
     silence_rate: float = 0.0  # new silences per device x window
     silence_mean_windows: float = 3.0
@@ -44,7 +43,7 @@ class NoiseSpec:
     @staticmethod
     def off() -> NoiseSpec:
         """No noise, no heterogeneity: the expected value of the model."""
-        return NoiseSpec(0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 3.0, enabled=False)
+        return NoiseSpec(0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, enabled=False)
 
 
 class Modifiers:

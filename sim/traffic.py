@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DAY_S = 86_400.0
-
 
 @dataclass(frozen=True, slots=True)
 class Burst:

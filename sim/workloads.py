@@ -22,7 +22,6 @@ LAYER_TYPES: tuple[str, ...] = (
     "conv",
     "other",
 )
-LAYER_INDEX: dict[str, int] = {name: i for i, name in enumerate(LAYER_TYPES)}
 
 Mode = Literal["train", "serve"]
 BF16 = 2.0  # bytes per element
