@@ -94,6 +94,9 @@ class Incident:
     # Its identity once it paged (a fingerprint, `lifecycle.fingerprint`); a paged incident
     # that is still open goes on absorbing the same regression showing again.
     alert_id: str | None = None
+    # Its primary metric, fixed when it first paged: the alert keeps its metric (and its
+    # Alertmanager labels) however the evidence grows.
+    metric: str | None = None
     # The most devices its (pool, model) had while it was open. A model rollout moves the
     # pool's devices to the new model, and judged against the old model's count (then 0),
     # three noisy devices would confirm it and weigh as the whole pool.
@@ -122,6 +125,7 @@ class Incident:
             evidence=[e for m in members for e in m.evidence],
             load=[e for m in members for e in m.load],
             alert_id=self.alert_id,
+            metric=self.metric,
         )
 
     @property
@@ -158,7 +162,9 @@ class Incident:
     def primary_metric(self) -> str:
         """The most telling metric (PRIMARY_ORDER) among those that moved on at least half as
         many devices as the widest one; a lone noisy MFU point never outranks a host-wide
-        device-MFU drop."""
+        device-MFU drop. Fixed once the incident paged."""
+        if self.metric is not None:
+            return self.metric
         devices: dict[str, set[str]] = {}
         for p in self.points:
             devices.setdefault(p.metric, set()).add(p.device)

@@ -145,6 +145,7 @@ class AlertLifecycle:
                 if sure is None:
                     continue
                 inc.detected_ts = sure
+                inc.metric = view.metric = view.primary_metric
                 stage = view.first_failing_stage()
                 inc.alert_id = view.alert_id = fingerprint(
                     "fleet" if fleet else inc.pool, view.model, view.primary_metric, stage,

@@ -71,6 +71,7 @@ class IncidentRecord(msgspec.Struct, frozen=True):
     status: IncidentStatus
     resolved_ts: float
     alert_id: str | None
+    metric: str | None
     pool_size: int
     children: list[int]
 
@@ -98,6 +99,7 @@ def incident_records(incidents: list[Incident]) -> list[IncidentRecord]:
             i.status,
             i.resolved_ts,
             i.alert_id,
+            i.metric,
             i.pool_size,
             [index[id(c)] for c in i.children],
         )
@@ -121,6 +123,7 @@ def incidents_of(records: list[IncidentRecord]) -> list[Incident]:
             status=r.status,
             resolved_ts=r.resolved_ts,
             alert_id=r.alert_id,
+            metric=r.metric,
             pool_size=r.pool_size,
         )
         for r in records

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from monitor.config import AlertSettings
@@ -140,3 +142,21 @@ def test_a_deeper_drop_on_the_same_devices_is_re_sent_as_a_page() -> None:
     assert again.severity == "page"
     assert again.scope.device_count == first.scope.device_count
     assert life.due(corr.incidents, T0 + 7 * W, counts) == []
+
+
+def test_an_incident_keeps_the_metric_it_first_paged_with() -> None:
+    """Evidence that arrives later may favour another metric; the alert keeps its metric,
+    id and so its Alertmanager label set (two copies of one incident once stayed active)."""
+    devs = [f"node-{i:03d}/gpu0" for i in range(4)]
+    corr = Correlator()
+    counts = {(POOL, OLD): 4}
+    corr.add([replace(_mfu_drop(d), metric="device_mfu", layer=None) for d in devs],
+             T0 + 3 * W, counts)  # fmt: skip
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    (first,) = life.due(corr.incidents, T0 + 4 * W, counts)
+    assert first.metric == "device_mfu"
+    corr.add([_mfu_drop(d, onset=T0 + W) for d in devs], T0 + 6 * W, counts)
+    (inc,) = corr.incidents
+    assert {p.metric for p in inc.points} == {"device_mfu", "mfu"}
+    later = life.render(inc, T0 + 7 * W, 4, "firing")
+    assert (later.metric, later.id) == ("device_mfu", first.id)
