@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from monitor.config import AlertmanagerSettings
+from monitor.config import AlertmanagerSettings, mask_url
 from monitor.errors import AlertmanagerError
 from monitor.log import get_logger
 from monitor.wire import Alert
@@ -83,14 +85,32 @@ def to_postable(
     return body
 
 
+def _key(labels: dict[str, str]) -> tuple[str, str]:
+    """What identifies a queued post: the alert id and its exact label set."""
+    return labels.get("flopwatch_id", ""), json.dumps(labels, sort_keys=True)
+
+
 class AlertmanagerSink:
-    """Posts alerts to every configured Alertmanager and keeps firing ones alive."""
+    """Posts alerts to every configured Alertmanager and keeps firing ones alive.
+
+    Firing alerts are re-posted every `resend_s`, which also repairs a failed post. What
+    ends an alert (a resolve, or the old label set of one whose labels changed) is posted
+    once, so a failed one is kept per instance and retried with backoff until that
+    instance accepts it: otherwise a page outlives its incident until Alertmanager's
+    `resolve_timeout`, or forever while an old label set is re-posted by nobody.
+    """
 
     def __init__(self, settings: AlertmanagerSettings) -> None:
         self.settings = settings
         self.log = get_logger("sink.alertmanager")
         self.active: dict[str, Alert] = {}
         self._posted_labels: dict[str, dict[str, str]] = {}
+        # Per instance: ending posts not accepted yet, by (alert id, labels); retry timing.
+        self.pending: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
+            url: {} for url in settings.urls
+        }
+        self._retry_at: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -108,6 +128,8 @@ class AlertmanagerSink:
                 # Labels changed: end the old series so it does not linger as a duplicate.
                 batch.append({"labels": old, "endsAt": _rfc3339(now),
                               "startsAt": _rfc3339(a.onset_ts)})  # fmt: skip
+            for queue in self.pending.values():  # a newer state of the same labels wins
+                queue.pop(_key(new), None)
             if a.status == "resolved":
                 batch.append(to_postable(a, ends_at=now, external_url=self.settings.external_url))
                 self.active.pop(a.id, None)
@@ -117,7 +139,24 @@ class AlertmanagerSink:
                 self.active[a.id] = a
                 self._posted_labels[a.id] = new
         if batch:
-            await self._post_all(batch)
+            failed = await self._post_all(batch) or []
+            for url in failed:
+                self._keep(url, [b for b in batch if "endsAt" in b])
+
+    def _keep(self, url: str, ending: list[dict[str, Any]]) -> None:
+        """Queue ending posts an instance did not accept, and schedule its retry."""
+        if not ending:
+            return
+        queue = self.pending.setdefault(url, {})
+        for item in ending:
+            key = (
+                item["labels"].get("flopwatch_id", ""),
+                json.dumps(item["labels"], sort_keys=True),
+            )
+            queue[key] = item
+        if url not in self._retry_at:
+            self._backoff[url] = min(1.0, self.settings.resend_s)
+            self._retry_at[url] = time.monotonic() + self._backoff[url]
 
     def forget(self, ids: Sequence[str]) -> None:
         """Stop re-posting these alerts (another member owns their incidents now); nothing
@@ -126,15 +165,41 @@ class AlertmanagerSink:
             self.active.pop(aid, None)
             self._posted_labels.pop(aid, None)
 
-    async def _post_all(self, batch: list[dict[str, Any]]) -> None:
+    async def _post_all(self, batch: list[dict[str, Any]]) -> list[str]:
+        """Post to every instance at once; the URLs that failed."""
+        urls = self.settings.urls
         results = await asyncio.gather(
-            *(asyncio.to_thread(self._post, url, batch) for url in self.settings.urls),
-            return_exceptions=True,
+            *(asyncio.to_thread(self._post, url, batch) for url in urls), return_exceptions=True
         )
-        for url, res in zip(self.settings.urls, results, strict=True):
+        failed = []
+        for url, res in zip(urls, results, strict=True):
             if isinstance(res, Exception):
-                # Best effort per instance; the next re-send retries it.
-                self.log.warning("alertmanager post failed", url=url, error=str(res))
+                failed.append(url)
+                self.log.warning("alertmanager post failed", url=mask_url(url), error=str(res))
+        return failed
+
+    async def _retry(self, url: str) -> None:
+        """Post an instance's queued ending posts again; back off while it refuses them."""
+        queue = self.pending.get(url, {})
+        items = list(queue.values())
+        try:
+            await asyncio.to_thread(self._post, url, items)
+        except AlertmanagerError as exc:
+            self._backoff[url] = min(2 * self._backoff[url], max(self.settings.resend_s, 1.0))
+            jitter = 1.0 + 0.1 * random.random()  # noqa: S311 - spreading retries, not secrets
+            self._retry_at[url] = time.monotonic() + self._backoff[url] * jitter
+            self.log.warning("alertmanager retry failed", url=mask_url(url), pending=len(items),
+                             error=str(exc))  # fmt: skip
+            return
+        for item in items:
+            key = (
+                item["labels"].get("flopwatch_id", ""),
+                json.dumps(item["labels"], sort_keys=True),
+            )
+            if queue.get(key) is item:
+                del queue[key]
+        if not queue:
+            self._retry_at.pop(url, None)
 
     def _post(self, url: str, batch: list[dict[str, Any]]) -> None:
         data = json.dumps(batch).encode()
@@ -154,13 +219,20 @@ class AlertmanagerSink:
             raise AlertmanagerError(str(exc)) from None
 
     async def _resend_loop(self) -> None:
+        next_resend = time.monotonic() + self.settings.resend_s
         while True:
-            await asyncio.sleep(self.settings.resend_s)
-            if self.active:
-                ext = self.settings.external_url
-                await self._post_all(
-                    [to_postable(a, external_url=ext) for a in self.active.values()]
-                )
+            wake = min([next_resend, *self._retry_at.values()])
+            await asyncio.sleep(max(0.0, wake - time.monotonic()))
+            now = time.monotonic()
+            for url in [u for u, at in self._retry_at.items() if at <= now]:
+                await self._retry(url)
+            if now >= next_resend:
+                next_resend = now + self.settings.resend_s
+                if self.active:
+                    ext = self.settings.external_url
+                    await self._post_all(
+                        [to_postable(a, external_url=ext) for a in self.active.values()]
+                    )
 
     async def close(self) -> None:
         """Stop re-sending (firing alerts stay until Alertmanager's resolve_timeout)."""
