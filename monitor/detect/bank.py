@@ -83,6 +83,7 @@ import numpy.typing as npt
 
 from monitor.arrays import F32, F64, I32, I64
 from monitor.detect import _blob
+from monitor.detect.bank_params import STATE_SHAPE, BankParams
 from monitor.detect.base import Detections
 
 _MAD_TO_SIGMA = 1.4826
@@ -120,7 +121,6 @@ _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite 
 # epoch seconds in float64, which float32 could not hold to the second). Within 2^20 s
 # (12 days) of the epoch a time is exact to 1/8 s; past that the epoch moves forward.
 _T_SPAN = float(1 << 20)
-_REL_FLOOR_MIN = 2.0**-23  # float32 spacing relative to a value: the smallest scale floor
 
 
 def clipped_second_moment(c: float) -> float:
@@ -157,11 +157,8 @@ class BankCusum:
     """
 
     kind: ClassVar[str] = "bank"
-    # Parameters that size the state or give its arrays their meaning (ring length, the
-    # bank's members, when burn-in ends): a checkpoint carries over only where they match.
-    STATE_SHAPE: ClassVar[tuple[str, ...]] = (
-        "history", "burn_in", "min_shift", "max_shift", "n_shifts",
-    )  # fmt: skip
+    # A checkpoint carries over to new parameters only where these match (`BankParams`).
+    STATE_SHAPE: ClassVar[tuple[str, ...]] = STATE_SHAPE
 
     # Per-cell scalar state, flat over cells (cell = row * n_metrics + column).
     _SCALARS: ClassVar[dict[str, type[np.generic]]] = {
@@ -193,136 +190,60 @@ class BankCusum:
         "ulprev": np.float32,  # previous lagged ARMA innovation (long-run variance)
     }
 
-    def __init__(
-        self,
-        n_metrics: int,
-        *,
-        h: float = 11.0,
-        min_shift: float = 0.5,
-        max_shift: float = 2.0,
-        n_shifts: int = 3,
-        clip: float = 2.5,
-        step_cap: float = 2.5,
-        burn_in: int = 32,
-        history: int = 32,
-        youth: float = 16.0,
-        maturity: float = 64.0,
-        baseline_window: int = 512,
-        scale_window: int = 1024,
-        ar_window: int = 4096,
-        ar_max: float = 0.98,
-        ar_margin: float = 1.0,
-        rel_floor: float = 1e-3,
-        abs_floor: float = 1e-9,
-        min_rel_change: float = 0.03,
-        jump: float = 6.0,
-        jump_windows: int = 3,
-        spread_veto: float = math.sqrt(2.0),
-        ar2_margin: float = 1.5,
-        lrv_window: int = 32,
-        lrv_margin: float = 2.0,
-        ma_max: float = 0.0,
-        warm_start: int = 0,
-        capacity: int = 1024,
-    ) -> None:
+    def __init__(self, n_metrics: int, *, capacity: int = 1024, **params: Any) -> None:
+        """A bank for `n_metrics` columns; `params` are `BankParams` fields by name."""
         if n_metrics < 1:
             raise ValueError("n_metrics must be >= 1")
-        if not (h > 0 and clip > 0 and step_cap > 0):
-            raise ValueError("h, clip and step_cap must be > 0")
-        if not (0 < min_shift <= max_shift and n_shifts >= 1):
-            raise ValueError("0 < min_shift <= max_shift and n_shifts >= 1 required")
-        if not 3 <= burn_in <= history:
-            raise ValueError("3 <= burn_in <= history required")
-        if min(baseline_window, scale_window, ar_window) < 1 or not 0 <= ar_max < 1:
-            raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
-        if spread_veto < 0 or ar2_margin < 0 or lrv_window < 0 or lrv_margin < 0:
-            raise ValueError(
-                "spread_veto, ar2_margin, lrv_window (0 = off) and lrv_margin >= 0 required"
-            )
-        if not 0 <= ma_max < 1:
-            raise ValueError("0 <= ma_max < 1 required (0 = no MA term)")
-        if warm_start < 0:
-            raise ValueError("warm_start >= 0 required (0 = off)")
-        if jump < 0 or jump_windows < 2:
-            raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
-        if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
-            raise ValueError(
-                "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, abs_floor > 0 required"
-            )
-        if rel_floor < _REL_FLOOR_MIN:
-            # The ring keeps samples as float32: a scale under their rounding step is rounding
-            # noise (one series at 1e8 with unit noise and no floor: 90 alarms in 3000 windows).
-            raise ValueError(
-                f"rel_floor >= {_REL_FLOOR_MIN:.3g} required: the ring holds float32 samples, "
-                "so a smaller scale relative to the level is rounding noise"
-            )
         self.n_metrics = int(n_metrics)
-        self.h = float(h)
-        self.min_shift, self.max_shift = float(min_shift), float(max_shift)
-        self.n_shifts = int(n_shifts)
-        self.clip, self.step_cap = float(clip), float(step_cap)
-        self.burn_in, self.history = int(burn_in), int(history)
-        self.youth, self.maturity = float(youth), float(maturity)
-        self.baseline_window, self.scale_window = int(baseline_window), int(scale_window)
-        self.ar_window, self.ar_max, self.ar_margin = (
-            int(ar_window),
-            float(ar_max),
-            float(ar_margin),
-        )
-        self.rel_floor, self.abs_floor = float(rel_floor), float(abs_floor)
-        self.min_rel_change = float(min_rel_change)
-        self.jump, self.jump_windows = float(jump), int(jump_windows)
-        self.spread_veto = float(spread_veto)
-        self.ar2_margin = float(ar2_margin)
-        self.lrv_window, self.lrv_margin = int(lrv_window), float(lrv_margin)
-        self.ma_max = float(ma_max)
-        self.warm_start = int(warm_start)
+        self.cfg = BankParams(**params)
         self._fam_in: tuple[I64, I64] | None = None  # this wave's (rows, groups), if given
         # Whether any cell's AR count differs from its scale count (a warm start borrowed):
         # until then the hot path reads and updates one count, as before warm starts.
         self._split = False
         self._credit = np.empty(0, dtype=np.int64)  # cells on borrowed AR estimates
-        self._ma_rmax = self.ma_max / (1.0 + self.ma_max**2)  # lag-1 |rho| of w at ma_max
-        if self.n_shifts == 1:
-            self.shifts = np.array([self.min_shift])
+        self._ma_rmax = self.cfg.ma_max / (1.0 + self.cfg.ma_max**2)  # lag-1 |rho| of w at ma_max
+        if self.cfg.n_shifts == 1:
+            self.shifts = np.array([self.cfg.min_shift])
         else:
-            self.shifts = np.geomspace(self.min_shift, self.max_shift, self.n_shifts)
-        self._mature_at = np.ceil(self.maturity / self.shifts**2).astype(np.int64)
-        self._kappa = clipped_second_moment(self.clip)
-        self._dclip = self.clip * (1.0 + self.ar_max)  # bound on raw deviations, sigma units
-        self._ns_max = max(self.scale_window, self.ar_window)
-        self._youth_until = math.ceil(32.0 * self.youth)  # the shrink is < 3% from here on
+            self.shifts = np.geomspace(self.cfg.min_shift, self.cfg.max_shift, self.cfg.n_shifts)
+        self._mature_at = np.ceil(self.cfg.maturity / self.shifts**2).astype(np.int64)
+        self._kappa = clipped_second_moment(self.cfg.clip)
+        self._dclip = self.cfg.clip * (
+            1.0 + self.cfg.ar_max
+        )  # bound on raw deviations, sigma units
+        self._ns_max = max(self.cfg.scale_window, self.cfg.ar_window)
+        self._youth_until = math.ceil(32.0 * self.cfg.youth)  # the shrink is < 3% from here on
         # 1 / count up to the longest window: the level's count runs to baseline_window.
-        longest = max(self._ns_max, self.baseline_window)
+        longest = max(self._ns_max, self.cfg.baseline_window)
         cnt = np.maximum(np.arange(longest + 1, dtype=np.float64), 1.0)
         self._inv_n32 = (1.0 / cnt).astype(np.float32)
-        self._ar_pad32 = (self.ar_margin / np.sqrt(cnt)).astype(np.float32)
-        self._ar2_pad32 = (self.ar2_margin / np.sqrt(cnt)).astype(np.float32)
+        self._ar_pad32 = (self.cfg.ar_margin / np.sqrt(cnt)).astype(np.float32)
+        self._ar2_pad32 = (self.cfg.ar2_margin / np.sqrt(cnt)).astype(np.float32)
         # Long-run variance ratio: `lv` over its white-noise value kappa / (2L - 1) (the
         # variance of an EW mean of window L), and that ratio's noise margin at n samples
         # (about L-sample blocks carry one value each: standard error sqrt(2L / n)).
-        lw = max(self.lrv_window, 1)
+        lw = max(self.cfg.lrv_window, 1)
         self._lrv_unit = (2.0 * lw - 1.0) / self._kappa
-        self._lrv_pad32 = (self.lrv_margin * np.sqrt(2.0 * lw / cnt)).astype(np.float32)
+        self._lrv_pad32 = (self.cfg.lrv_margin * np.sqrt(2.0 * lw / cnt)).astype(np.float32)
         # Tables by the scale / AR count ns (0..ns_max, saturating), min(ns, window) baked in:
         # every index is in range, so the cheapest take (mode="wrap", intp indices) serves.
-        k_ar = np.minimum(np.arange(self._ns_max + 1), self.ar_window)
-        k_sc = np.minimum(np.arange(self._ns_max + 1), self.scale_window)
+        k_ar = np.minimum(np.arange(self._ns_max + 1), self.cfg.ar_window)
+        k_sc = np.minimum(np.arange(self._ns_max + 1), self.cfg.scale_window)
         self._ns_inv_ar32 = self._inv_n32[k_ar]
         self._ns_inv_scale32 = self._inv_n32[k_sc]
         self._ns_pad_ar32 = self._ar_pad32[k_ar]
         self._ns_pad_ar2_32 = self._ar2_pad32[k_ar]
         self._ns_pad_lrv32 = self._lrv_pad32[k_ar]
         ages = np.maximum(np.arange(self._youth_until + 1, dtype=np.float64), 1.0)
-        self._youth_u = np.clip(1.0 - self.youth / ages, 0.0, 1.0).astype(np.float32)
+        self._youth_u = np.clip(1.0 - self.cfg.youth / ages, 0.0, 1.0).astype(np.float32)
         self._youth_u[-1] = 1.0
         self._buf32: dict[str, F32] = {}
         self._cap = 0  # rows
         self._s: dict[str, np.ndarray] = {}
-        self._bank = np.zeros((2 * self.n_shifts, 0), dtype=np.float32)
+        self._bank = np.zeros((2 * self.cfg.n_shifts, 0), dtype=np.float32)
         self._run = np.zeros((2, 0), dtype=np.float32)
-        self._ring = np.zeros((self.history, 0), dtype=np.float32)
-        self._tring = np.zeros((self.history, 0), dtype=np.float32)
+        self._ring = np.zeros((self.cfg.history, 0), dtype=np.float32)
+        self._tring = np.zeros((self.cfg.history, 0), dtype=np.float32)
         self._t0 = math.nan  # epoch of the time ring: set by the first wave
         # What became of alarms since the last `drain_stats` (process counters, not state).
         self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
@@ -332,19 +253,12 @@ class BankCusum:
     # -- parameters and state ------------------------------------------------
     def params(self) -> dict[str, Any]:
         """Constructor keyword arguments that rebuild this detector (capacity aside)."""
-        return {
-            "h": self.h, "min_shift": self.min_shift, "max_shift": self.max_shift,
-            "n_shifts": self.n_shifts, "clip": self.clip, "step_cap": self.step_cap,
-            "burn_in": self.burn_in, "history": self.history, "youth": self.youth,
-            "maturity": self.maturity, "baseline_window": self.baseline_window,
-            "scale_window": self.scale_window, "ar_window": self.ar_window,
-            "ar_max": self.ar_max, "ar_margin": self.ar_margin, "rel_floor": self.rel_floor,
-            "abs_floor": self.abs_floor, "min_rel_change": self.min_rel_change,
-            "jump": self.jump, "jump_windows": self.jump_windows,
-            "spread_veto": self.spread_veto, "ar2_margin": self.ar2_margin,
-            "lrv_window": self.lrv_window, "lrv_margin": self.lrv_margin,
-            "ma_max": self.ma_max, "warm_start": self.warm_start,
-        }  # fmt: skip
+        return self.cfg.as_dict()
+
+    @property
+    def h(self) -> float:
+        """The decision threshold: the parameter a deployment retunes."""
+        return self.cfg.h
 
     def drain_stats(self) -> dict[str, int]:
         """Alarms by outcome (`ALARM_OUTCOMES`) since the last call; the counts restart."""
@@ -368,7 +282,7 @@ class BankCusum:
     def state_bytes_per_cell(self) -> int:
         """Bytes of state one (stream, metric) cell occupies."""
         scalars = sum(np.dtype(t).itemsize for t in self._SCALARS.values())
-        return scalars + (2 * self.n_shifts + 2) * 4 + self.history * (4 + 4)
+        return scalars + (2 * self.cfg.n_shifts + 2) * 4 + self.cfg.history * (4 + 4)
 
     def _grow(self, need_rows: int) -> None:
         if need_rows <= self._cap:
@@ -381,13 +295,13 @@ class BankCusum:
             if old:
                 arr[:old] = self._s[name]
             s[name] = arr
-        bank = np.zeros((2 * self.n_shifts, cells), dtype=np.float32)
+        bank = np.zeros((2 * self.cfg.n_shifts, cells), dtype=np.float32)
         bank[:, :old] = self._bank
         run = np.zeros((2, cells), dtype=np.float32)
         run[:, :old] = self._run
-        ring = np.full((self.history, cells), np.nan, dtype=np.float32)
+        ring = np.full((self.cfg.history, cells), np.nan, dtype=np.float32)
         ring[:, :old] = self._ring
-        tring = np.full((self.history, cells), np.nan, dtype=np.float32)
+        tring = np.full((self.cfg.history, cells), np.nan, dtype=np.float32)
         tring[:, :old] = self._tring
         self._s, self._bank, self._run, self._cap = s, bank, run, cap
         self._ring, self._tring = ring, tring
@@ -466,11 +380,11 @@ class BankCusum:
         det._split = not np.array_equal(det._s["na"], det._s["ns"])
         if det._split:
             na, ns = det._s["na"], det._s["ns"]
-            det._credit = np.flatnonzero((na > ns) & (ns < min(det.warm_start, det._ns_max)))
+            det._credit = np.flatnonzero((na > ns) & (ns < min(det.cfg.warm_start, det._ns_max)))
         if params is not None:
             # Shorter windows than the checkpoint's: the counts saturate at the new ones
             # (the per-count tables end there).
-            np.minimum(det._s["nb"], det.baseline_window, out=det._s["nb"])
+            np.minimum(det._s["nb"], det.cfg.baseline_window, out=det._s["nb"])
             np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
             np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
         det._bank, det._run = arrays["bank"], arrays["run"]
@@ -525,7 +439,7 @@ class BankCusum:
         n = rows.size
         if n == 0:
             return Detections.empty()
-        if groups is not None and self.warm_start > 0:
+        if groups is not None and self.cfg.warm_start > 0:
             fam = np.asarray(groups, dtype=np.int64)
             if fam.shape != rows.shape or int(fam.min()) < 0 or int(fam.max()) >= _FAM_MAX:
                 raise ValueError(f"groups must be one id in [0, {_FAM_MAX}) per row")
@@ -614,7 +528,7 @@ class BankCusum:
         `absent` (positions within a slice) are cells not in the wave: they ride along
         like burning cells, and their count, ring slot and ring position stay as they are.
         """
-        s, hist = self._s, self.history
+        s, hist = self._s, self.cfg.history
         dense = isinstance(sel, slice)
         holes = absent if dense and absent is not None and absent.size else None
         here = None  # mask of the cells present, when some are absent
@@ -667,13 +581,13 @@ class BankCusum:
             if not dense:
                 s["pos"][sel] = pos
         burn = holes
-        if int(n_new.min()) <= self.burn_in:
+        if int(n_new.min()) <= self.cfg.burn_in:
             # Cells still burning in ride along with z = 0 and no baseline update, so the
             # wave keeps its fast layout; those completing burn-in get their baseline now.
-            burning = n_new <= self.burn_in
+            burning = n_new <= self.cfg.burn_in
             if burn is not None:
                 burning[burn] = False
-            done = np.flatnonzero(burning & (n_new == self.burn_in))
+            done = np.flatnonzero(burning & (n_new == self.cfg.burn_in))
             if done.size:
                 self._baseline(_cells_of(sel)[done])
             burning_at = np.flatnonzero(burning)
@@ -685,7 +599,7 @@ class BankCusum:
         self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
     ) -> Detections:
         """Front-end, bank and lagged baseline (in place for a slice, gather/scatter else)."""
-        s, c, size = self._s, self.clip, x.size
+        s, c, size = self._s, self.cfg.clip, x.size
         dense = isinstance(sel, slice)
 
         zeros = self._buf("zero", size, 0.0)
@@ -715,7 +629,7 @@ class BankCusum:
         np.sqrt(marg, out=marg)
         # ARMA(1,1) cells (theta > 0; rare outside slow signals under noise): the MA
         # term's work below touches only them.
-        th_now = _get(s["theta"], sel) if self.ma_max > 0 else None
+        th_now = _get(s["theta"], sel) if self.cfg.ma_max > 0 else None
         ma_at = np.flatnonzero(th_now > 0) if th_now is not None else None
         if ma_at is not None and ma_at.size == 0:
             ma_at = None
@@ -727,7 +641,7 @@ class BankCusum:
             # innovation sigmas, not 1 / sqrt(1 - phi²) (for phi 0.97 that would put the
             # jump rule's bound at 25 sigmas and leave the slow estimates' bound open).
             marg[ma_at] = np.float32(1.0) / np.sqrt(np.maximum(c0[ma_at], _EPS32))
-        jumped = self._jump_runs(sel, dz, phi, marg, ns, burn) if self.jump > 0 else None
+        jumped = self._jump_runs(sel, dz, phi, marg, ns, burn) if self.cfg.jump > 0 else None
         # Whitening with the pair (d, d_prev) bounded together: where either is beyond
         # `dclip` sigmas, both are scaled down by the same factor, so the innovation keeps
         # its sign and proportion. Clipping each alone turned a shock's decay (d_prev 20,
@@ -758,16 +672,16 @@ class BankCusum:
             z[burn] = 0.0
             dz[burn] = dprev[burn]  # burning cells keep their whitening state
         dprev[...] = dz
-        if self.youth > 0 and int(n.min()) < self._youth_until:
+        if self.cfg.youth > 0 and int(n.min()) < self._youth_until:
             # A young baseline is uncertain: shrink the evidence until it matures.
             z *= np.take(self._youth_u, n, mode="clip")
-        if self.lrv_window > 0:
+        if self.cfg.lrv_window > 0:
             # Persistence the whitening left in (a slow wander under measurement noise:
             # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
             # Deflate z by the innovations' long-run variance ratio, less its noise.
             f = _get(s["lv"], sel) * np.float32(self._lrv_unit)
             if na_min >= self._ns_max:
-                padl: F32 | np.float32 = self._lrv_pad32[self.ar_window]
+                padl: F32 | np.float32 = self._lrv_pad32[self.cfg.ar_window]
             else:
                 padl = np.take(self._ns_pad_lrv32, na.astype(np.intp), mode="wrap")
             if ma_at is not None:
@@ -785,7 +699,7 @@ class BankCusum:
         bank, run = _get(self._bank, sel), _get(self._run, sel)
         nb_min = int(nb.min())
         fire = False
-        h32 = np.float32(self.h)
+        h32 = np.float32(self.cfg.h)
         live: F32 | None = None
         idle: npt.NDArray[np.bool_] | None = None
         if burn is not None:
@@ -803,11 +717,11 @@ class BankCusum:
             a_up = dz_j - half  # delta*z - delta²/2: one window's log-likelihood ratio
             a_dn = dz_j
             a_dn += half  # delta*z + delta²/2 = -(the down side's LLR)
-            if dj * c - half32 > self.step_cap:
+            if dj * c - half32 > self.cfg.step_cap:
                 # Huber's censored likelihood ratio: no window adds more than step_cap,
                 # so a run of heavy-tailed outliers needs more windows to alarm.
-                np.minimum(a_up, self._buf("cap", size, self.step_cap), out=a_up)
-                np.maximum(a_dn, self._buf("ncap", size, -self.step_cap), out=a_dn)
+                np.minimum(a_up, self._buf("cap", size, self.cfg.step_cap), out=a_up)
+                np.maximum(a_dn, self._buf("ncap", size, -self.cfg.step_cap), out=a_dn)
             up += a_up
             np.maximum(up, zeros, out=up)
             dn -= a_dn
@@ -853,7 +767,7 @@ class BankCusum:
         np.minimum(rl, lim, out=rl)
         np.negative(lim, out=lim)
         np.maximum(rl, lim, out=rl)
-        bw = self.baseline_window
+        bw = self.cfg.baseline_window
         if all_w and nb_min >= bw:
             a_b: F32 | float = 1.0 / bw
         elif nb_min >= bw:
@@ -878,16 +792,16 @@ class BankCusum:
         sat = ns_min >= ns_max and ar_sat
         ns_sat = all_w and sat
         if ns_sat:
-            a_s: F32 | float = 1.0 / self.scale_window
-            a_p: F32 | float = 1.0 / self.ar_window
+            a_s: F32 | float = 1.0 / self.cfg.scale_window
+            a_p: F32 | float = 1.0 / self.cfg.ar_window
         elif sat:
             # Saturated but for absent cells: the same weights as below, without lookups.
             if int(ns.max()) > ns_max:
                 s["ns"][sel] = ns_max
-            inv32: F32 | np.float32 = self._inv_n32[self.ar_window]
-            pad: F32 | np.float32 = self._ar_pad32[self.ar_window]
+            inv32: F32 | np.float32 = self._inv_n32[self.cfg.ar_window]
+            pad: F32 | np.float32 = self._ar_pad32[self.cfg.ar_window]
             a_p = w * inv32
-            a_s = w * self._inv_n32[self.scale_window]
+            a_s = w * self._inv_n32[self.cfg.scale_window]
         else:
             np.add(ns, w, out=ns)
             np.minimum(ns, ns_max, out=ns)
@@ -902,7 +816,7 @@ class BankCusum:
             inv32 = np.take(self._ns_inv_ar32, nai, mode="wrap")  # 1 / min(na, ar_window)
             pad = np.take(self._ns_pad_ar32, nai, mode="wrap")
             a_p = inv32 if all_w else inv32 * w
-            sw, aw = self.scale_window, self.ar_window
+            sw, aw = self.cfg.scale_window, self.cfg.ar_window
             same = not split or bool(np.array_equal(ns, na))
             if (sw == aw or int(ns.max()) <= min(sw, aw)) and same:
                 a_s = a_p  # min(ns, scale_window) == min(na, ar_window): the same weights
@@ -917,7 +831,7 @@ class BankCusum:
         # E[min(e², c²)] = kappa, multiplicative so sigma stays positive.
         el = phi * lprev
         np.subtract(rl, el, out=el)
-        if self.lrv_window > 0:
+        if self.cfg.lrv_window > 0:
             # Long-run variance of the lagged innovations: the mean square of their EW
             # mean over `lrv_window`. Lagged, so a fresh shift does not inflate it before
             # it alarms.
@@ -945,7 +859,7 @@ class BankCusum:
                     e[ma_at] = np.clip(ul, -c, c)
             e -= lm
             e *= calm
-            e *= np.float32(1.0 / self.lrv_window)
+            e *= np.float32(1.0 / self.cfg.lrv_window)
             lm += e
             np.multiply(lm, lm, out=e)
             e -= lv
@@ -961,11 +875,13 @@ class BankCusum:
         el *= a_s
         el += np.float32(1.0)
         sig *= el
-        fmax = max(self.rel_floor * max(abs(float(mu.max())), abs(float(mu.min()))), self.abs_floor)
+        fmax = max(
+            self.cfg.rel_floor * max(abs(float(mu.max())), abs(float(mu.min()))), self.cfg.abs_floor
+        )
         if fmax >= float(sig.min()):
             floor = np.abs(mu)
-            floor *= self.rel_floor
-            np.maximum(floor, self.abs_floor, out=floor)
+            floor *= self.cfg.rel_floor
+            np.maximum(floor, self.cfg.abs_floor, out=floor)
             np.maximum(sig, floor, out=sig)
         # AR(1): EW lag-0 / lag-1 autocovariances of the lagged deviations.
         tmp = rl * rl
@@ -978,7 +894,7 @@ class BankCusum:
         c1 += tmp
         est = c1 / (c0 + _EPS32)
         lcb = None
-        if self.ar2_margin > 0:
+        if self.cfg.ar2_margin > 0:
             # A slow signal under measurement noise is an ARMA(1,1): its lag-1
             # autocorrelation understates phi (0.45 for phi 0.9 under noise of the
             # same variance), and whitening with it pages (about 100 false alarms per
@@ -992,7 +908,7 @@ class BankCusum:
             np.minimum(lcb, np.float32(1.0), out=lcb)  # c1 near 0 or below: no estimate
             # margin / sqrt(min(ns, ar_window)), from a table like the AR(1) pad.
             pad2 = (
-                self._ar2_pad32[self.ar_window]
+                self._ar2_pad32[self.cfg.ar_window]
                 if ar_sat
                 else np.take(self._ns_pad_ar2_32, na.astype(np.intp), mode="wrap")
             )
@@ -1002,15 +918,15 @@ class BankCusum:
         # Use a bias-corrected upper confidence bound on phi: over-whitening costs a
         # little power, under-whitening costs false pages.
         if ns_sat:
-            inv = np.float32(1.0 / self.ar_window)
+            inv = np.float32(1.0 / self.cfg.ar_window)
             est *= 1.0 + 3.0 * inv
-            est += inv + np.float32(self.ar_margin) * np.sqrt(inv)
+            est += inv + np.float32(self.cfg.ar_margin) * np.sqrt(inv)
         else:
             est += (1.0 + 3.0 * est) * inv32
             est += pad
         at = None
         if lcb is not None:
-            if self.ma_max > 0:
+            if self.cfg.ma_max > 0:
                 # Where c2/c1's lower bound clearly beats the AR(1) bound, the cell is an
                 # ARMA(1,1): whiten with c2/c1 itself and let the MA term undo what
                 # that over-whitens (the bound alone under-whitens the slow part).
@@ -1021,7 +937,7 @@ class BankCusum:
                     ratio = c2[at] / np.maximum(c1[at], _EPS32)
                     lcb[at] = np.minimum(ratio, np.float32(1.0))
             np.maximum(est, lcb, out=est)
-        np.clip(est, 0.0, self.ar_max, out=est)
+        np.clip(est, 0.0, self.cfg.ar_max, out=est)
         if burn is not None:
             est[burn] = phi[burn]  # recomputing could differ in the last bit: keep it
         phi[...] = est
@@ -1047,7 +963,7 @@ class BankCusum:
             if not dense and (at.size or ma_at is not None):
                 s["theta"][sel] = th_now
         keep = None if off is None else lprev[off]
-        if self.ar2_margin > 0:
+        if self.cfg.ar2_margin > 0:
             keep2 = None if off is None else lprev2[off]
             lprev2[...] = lprev
             if keep2 is not None:
@@ -1116,7 +1032,7 @@ class BankCusum:
         """
         jr, jm = _get(self._s["jr"], sel), _get(self._s["jm"], sel)
         m = marg * dz
-        j32 = np.float32(self.jump)
+        j32 = np.float32(self.cfg.jump)
         # Windows beyond the bound are rare: extend those runs; every other run is +0.
         new = np.zeros(m.size, dtype=np.float32)
         for side, at in ((1.0, np.flatnonzero(m > j32)), (-1.0, np.flatnonzero(m < -j32))):
@@ -1135,25 +1051,25 @@ class BankCusum:
         # Through the state arrays: a slice writes in place, an index array scatters.
         self._s["jr"][sel], self._s["jm"][sel] = new, m
         np.abs(new, out=new)
-        reached = new >= np.float32(self.jump_windows)
+        reached = new >= np.float32(self.cfg.jump_windows)
         return reached if bool(reached.any()) else None
 
     # -- rare paths: alarms and baselines --------------------------------------------
     def _chrono(self, cells: I64) -> tuple[F64, F64]:
         """Ring values and times of `cells`, oldest first, one row per cell."""
-        order = (self._s["pos"][cells, None] + np.arange(self.history)) % self.history
+        order = (self._s["pos"][cells, None] + np.arange(self.cfg.history)) % self.cfg.history
         vals = np.take_along_axis(self._ring[:, cells].T, order, axis=1).astype(np.float64)
         times = np.take_along_axis(self._tring[:, cells].T, order, axis=1).astype(np.float64)
         return vals, times
 
     def _alarm(self, cells: I64, t: F64, stat: F64) -> Detections:
-        s, k, hist = self._s, self.n_metrics, self.history
+        s, k, hist = self._s, self.n_metrics, self.cfg.history
         vals, times = self._chrono(cells)
         mu = s["mu"][cells]
         fin = np.isfinite(vals)
         bank = self._bank[:, cells]
         jr = s["jr"][cells]
-        jumped = np.abs(jr) >= self.jump_windows
+        jumped = np.abs(jr) >= self.cfg.jump_windows
         up = np.where(jumped, jr > 0, bank[0::2].max(axis=0) >= bank[1::2].max(axis=0))
         sign = np.where(up, 1.0, -1.0)
         # Onset: maximum-likelihood split against the known baseline level, i.e. the
@@ -1169,7 +1085,7 @@ class BankCusum:
             recent = np.nanmedian(vals[:, -4:], axis=1)
         step = np.nan_to_num(np.abs(recent - mu), nan=0.0)
         marg = np.sqrt(1.0 - s["phi"][cells].astype(np.float64) ** 2)
-        bnd = self.clip * s["sig"][cells] / marg  # `clip` marginal sigmas of the level
+        bnd = self.cfg.clip * s["sig"][cells] / marg  # `clip` marginal sigmas of the level
         lim = np.maximum(bnd, 1.5 * step)[:, None]
         d = np.clip(d, -lim, lim)
         suf = np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
@@ -1197,7 +1113,7 @@ class BankCusum:
                 np.isfinite(spacing), t[early] - run[early] * spacing, onset[early]
             )
         post = fin & (np.arange(hist) >= first[:, None])
-        if self.spread_veto > 0:
+        if self.cfg.spread_veto > 0:
             # A burst of spread is not a shift of level: an alarm whose recent windows
             # spread much wider than the scale its evidence assumed is vetoed, and that
             # evidence is rescaled to the local spread (the CUSUM goes on from there).
@@ -1218,7 +1134,11 @@ class BankCusum:
             vfirst, vlast = s["vfirst"][cells], s["vlast"][cells]
             recurring = (vlast > 0) & (n_now - vlast <= _SPREAD_PERSIST)
             persists = recurring & (n_now - vfirst >= _SPREAD_PERSIST)
-            keep = jumped | (r2 <= self.spread_veto**2 * stat / self.h) | (glr >= 2.0 * self.h)
+            keep = (
+                jumped
+                | (r2 <= self.cfg.spread_veto**2 * stat / self.cfg.h)
+                | (glr >= 2.0 * self.cfg.h)
+            )
             keep |= persists
             if not keep.all():
                 drop = cells[~keep]
@@ -1232,8 +1152,8 @@ class BankCusum:
                     return Detections.empty()
         after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
         before = mu
-        big = np.abs(after - before) >= self.min_rel_change * np.maximum(
-            np.abs(before), self.abs_floor
+        big = np.abs(after - before) >= self.cfg.min_rel_change * np.maximum(
+            np.abs(before), self.cfg.abs_floor
         )
         n_big = int(np.count_nonzero(big))
         self._stats["reported"] += n_big
@@ -1252,7 +1172,7 @@ class BankCusum:
         self._ring[:, cells] = ring.T
         k_post = post.sum(axis=1).astype(np.int32)
         s["n"][cells] = k_post
-        ready = k_post >= self.burn_in
+        ready = k_post >= self.cfg.burn_in
         if ready.any():
             self._baseline(cells[ready])
         return Detections(
@@ -1262,7 +1182,7 @@ class BankCusum:
             onset_ts=onset[big] + self._t0,
             before=before[big],
             after=after[big],
-            score=stat[big] / self.h,
+            score=stat[big] / self.cfg.h,
         )
 
     def _local_spread2(self, cells: I64, vals: F64, post: npt.NDArray[np.bool_], mu: F64) -> F64:
@@ -1274,7 +1194,7 @@ class BankCusum:
         difference of an AR(1) has variance 2 sigma^2 / (1 + phi)), over its Gaussian
         value. A 3x burst of spread reads about 4; clean noise about 1 +- 0.35.
         """
-        s, c = self._s, self.clip
+        s, c = self._s, self.cfg.clip
         dev = (vals - mu[:, None]) / s["sig"][cells][:, None]
         dd = np.diff(dev, axis=1)
         pre = np.isfinite(vals) & ~post
@@ -1296,7 +1216,7 @@ class BankCusum:
 
     def _first_baseline(self, cells: I64) -> None:
         """Scale and AR(1) coefficient from the burn-in samples of never-baselined cells."""
-        s, c = self._s, self.clip
+        s, c = self._s, self.cfg.clip
         vals, _ = self._chrono(cells)
         fin = np.isfinite(vals)
         count = fin.sum(axis=1).astype(np.float64)
@@ -1306,7 +1226,7 @@ class BankCusum:
         # MAD is 0 when most samples are equal (quantised metrics): fall back to the mean
         # absolute deviation, then to the floor, so the scale never collapses.
         mean_abs = np.nanmean(np.abs(d), axis=1) * math.sqrt(math.pi / 2.0)
-        floor = np.maximum(self.rel_floor * np.abs(mu), self.abs_floor)
+        floor = np.maximum(self.cfg.rel_floor * np.abs(mu), self.cfg.abs_floor)
         sx = np.maximum(np.where(mad > 0, mad, mean_abs), floor)
         dc = np.clip(d / sx[:, None], -c, c)  # level-sigma units
         both = fin[:, 1:] & fin[:, :-1]
@@ -1334,7 +1254,7 @@ class BankCusum:
         s["c1"][cells] = est * ratio2
         s["c2"][cells] = est * est * ratio2  # as an AR(1): no lag-2 evidence yet
         s["lm"][cells] = 0.0
-        s["lv"][cells] = 1.0 / self._lrv_unit if self.lrv_window > 0 else 0.0
+        s["lv"][cells] = 1.0 / self._lrv_unit if self.cfg.lrv_window > 0 else 0.0
         s["lprev"][cells] = 0.0
         s["lprev2"][cells] = 0.0
         s["ns"][cells] = count.astype(np.int32)
@@ -1351,12 +1271,12 @@ class BankCusum:
             self._credit = np.union1d(self._credit, to)
             for name in ("phi", "c0", "c1", "c2", "lv", "theta"):
                 s[name][to] = s[name][src]
-            s["na"][to] = np.maximum(s["na"][to], min(self.warm_start, self._ns_max))
+            s["na"][to] = np.maximum(s["na"][to], min(self.cfg.warm_start, self._ns_max))
 
     def _phi_bound(self, est_bc: F64, count: F64) -> F64:
         """The AR coefficient in use from a bias-corrected lag-1 estimate on `count` samples:
         its upper confidence bound (under-whitening pages), within [0, ar_max]."""
-        return np.clip(est_bc + self.ar_margin / np.sqrt(count), 0.0, self.ar_max)
+        return np.clip(est_bc + self.cfg.ar_margin / np.sqrt(count), 0.0, self.cfg.ar_max)
 
     def _review_credit(self) -> None:
         """Drop borrowed AR estimates from cells whose own fresh ring says they under-whiten.
@@ -1368,12 +1288,12 @@ class BankCusum:
         against the phi in use; well above it, the cell starts over from the ring's own
         estimates (their wide margin, its long-run variance afresh, its bank at zero).
         """
-        s, credit = self._s, min(self.warm_start, self._ns_max)
+        s, credit = self._s, min(self.cfg.warm_start, self._ns_max)
         c = self._credit
         c = c[(s["na"][c] > s["ns"][c]) & (s["ns"][c] < credit)]  # forgotten, or own by now
         self._credit = c
-        age = s["n"][c].astype(np.int64) - self.burn_in
-        due = c[(age > 0) & (age % self.history == 0)]
+        age = s["n"][c].astype(np.int64) - self.cfg.burn_in
+        due = c[(age > 0) & (age % self.cfg.history == 0)]
         if due.size == 0:
             return
         vals, _ = self._chrono(due)
@@ -1402,7 +1322,7 @@ class BankCusum:
         s["na"][cells] = n_b.astype(np.int32)
         s["theta"][cells] = 0.0
         s["lm"][cells] = 0.0
-        s["lv"][cells] = 1.0 / self._lrv_unit if self.lrv_window > 0 else 0.0
+        s["lv"][cells] = 1.0 / self._lrv_unit if self.cfg.lrv_window > 0 else 0.0
         self._bank[:, cells] = 0.0  # evidence gathered under the wrong whitening
         self._run[:, cells] = 0.0
         self._credit = np.setdiff1d(self._credit, cells)
@@ -1428,7 +1348,7 @@ class BankCusum:
         rows_in, fam_in = self._fam_in
         wave_cells = (rows_in[:, None] * k + np.arange(k)).ravel()
         s["fam"][wave_cells] = np.repeat(fam_in + 1, k).astype(np.int32)
-        credit = min(self.warm_start, self._ns_max)
+        credit = min(self.cfg.warm_start, self._ns_max)
         used = self._rows_in_use() * k
         fam = s["fam"][:used]
         # Only the families of the cells starting now (a table lookup, no sort of the
@@ -1468,14 +1388,14 @@ class BankCusum:
         vals, _ = self._chrono(cells)
         fin = np.isfinite(vals)
         mu = np.nanmedian(vals, axis=1)
-        newest = self.history - 1 - np.argmax(fin[:, ::-1], axis=1)
+        newest = self.cfg.history - 1 - np.argmax(fin[:, ::-1], axis=1)
         last = vals[np.arange(cells.size), newest] - mu
         s["mu"][cells] = mu
         s["dprev"][cells] = np.clip(last / s["sig"][cells], -_DZ_FINITE, _DZ_FINITE)
         s["uprev"][cells] = 0.0
         s["ulprev"][cells] = 0.0
         s["nb"][cells] = fin.sum(axis=1).astype(np.int32)
-        s["n"][cells] = np.maximum(s["n"][cells], self.burn_in)
+        s["n"][cells] = np.maximum(s["n"][cells], self.cfg.burn_in)
         # Samples already counted in the level must not be folded in again later.
         self._ring[:, cells] = np.nan
         self._bank[:, cells] = 0.0

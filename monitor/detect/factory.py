@@ -16,6 +16,7 @@ import numpy as np
 
 from monitor.detect import _blob
 from monitor.detect.bank import BankCusum
+from monitor.detect.bank_params import param_types as bank_param_types
 from monitor.detect.base import Detector
 from monitor.detect.cusum import Cusum
 from monitor.detect.river import RiverDetector, river_params
@@ -53,7 +54,7 @@ def _ctor_params(cls: type) -> tuple[str, ...]:
 def detector_params(kind: str) -> tuple[str, ...]:
     """The parameter names `make_detector` accepts for a kind."""
     if kind == "bank":
-        return _ctor_params(BankCusum)
+        return (*bank_param_types(), "capacity")
     if kind == "cusum":
         return _ctor_params(Cusum)
     if kind in RiverDetector.KINDS:
@@ -73,10 +74,15 @@ def make_detector(
             f"unknown parameter(s) {unknown} for detector kind {kind!r}; valid: {', '.join(valid)}"
         )
     cls: type = BankCusum if kind == "bank" else Cusum if kind == "cusum" else RiverDetector
-    for name, p in inspect.signature(cls).parameters.items():
+    types = (
+        {**bank_param_types(), "capacity": int}
+        if kind == "bank"
+        else {name: type(p.default) for name, p in inspect.signature(cls).parameters.items()}
+    )
+    for name, kind_of in types.items():
         # Config gives floats (TOML, env); a window count of 20.7 is a mistake, not 20.
         value = kw.get(name)
-        if type(p.default) is int and isinstance(value, float):
+        if kind_of is int and isinstance(value, float):
             if not value.is_integer():
                 raise ValueError(f"{name} must be a whole number, got {value}")
             kw[name] = int(value)

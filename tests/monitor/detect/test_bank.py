@@ -294,7 +294,7 @@ def test_long_run_variance_leaves_white_noise_and_ar1_alone(phi: float) -> None:
     feed(det, x)
     s = det._s
     ratio = s["lv"][:1000] * det._lrv_unit
-    pad = det._lrv_pad32[np.minimum(s["ns"][:1000], det.ar_window)]
+    pad = det._lrv_pad32[np.minimum(s["ns"][:1000], det.cfg.ar_window)]
     assert float(np.mean(ratio - pad > 1.0)) <= 0.01  # measured 0.001 and 0 (median ratio ~0.8)
 
 
@@ -325,13 +325,13 @@ def test_long_run_variance_state_stays_finite_and_bounded(
     assert np.isfinite(lm).all()
     assert np.isfinite(lv).all()
     assert (lv >= 0).all()
-    assert (np.abs(lm) <= det.clip + 1e-5).all()
-    assert (lv <= det.clip**2 + 1e-4).all()
+    assert (np.abs(lm) <= det.cfg.clip + 1e-5).all()
+    assert (lv <= det.cfg.clip**2 + 1e-4).all()
     # The MA term's state too: 0 <= theta <= ma_max, recursions within the front-end bound.
     th, up, ul = (det._s[k][:6] for k in ("theta", "uprev", "ulprev"))
     for arr in (th, up, ul):
         assert np.isfinite(arr).all()
-    assert ((th >= 0) & (th <= det.ma_max + 1e-6)).all()
+    assert ((th >= 0) & (th <= det.cfg.ma_max + 1e-6)).all()
     assert (np.abs(up) <= det._dclip + 1e-4).all()
     assert (np.abs(ul) <= det._dclip + 1e-4).all()
 
