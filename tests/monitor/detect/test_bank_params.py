@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from monitor.detect import detector_params, make_detector
 from monitor.detect.bank import BankCusum
-from monitor.detect.bank_params import STATE_SHAPE, BankParams
+from monitor.detect.bank_params import STATE_SHAPE, BankParams, params_table
 
 # The checkpoint header's parameter names (a snapshot's bytes depend on them).
 NAMES = [
@@ -60,3 +62,25 @@ def test_counts_must_be_integers() -> None:
     with pytest.raises(TypeError, match=r"burn_in must be an integer, got 32\.0"):
         BankParams(burn_in=32.0)  # type: ignore[arg-type]
     assert make_detector("bank", 1, {"burn_in": 32.0}).params()["burn_in"] == 32
+
+
+def test_tuning_doc_holds_the_generated_table() -> None:
+    """docs/tuning.md carries `params_table()` verbatim between its markers."""
+    doc = (Path(__file__).parents[3] / "docs" / "tuning.md").read_text()
+    start, end = "<!-- bank-params:start -->\n", "<!-- bank-params:end -->"
+    assert doc.count(start) == 1
+    assert doc.count(end) == 1
+    table = doc.split(start)[1].split(end)[0]
+    assert table == params_table(), (
+        "docs/tuning.md is out of date: put the output of `python -c 'from "
+        'monitor.detect.bank_params import params_table; print(params_table(), end="")\'` '
+        "between its bank-params markers"
+    )
+
+
+def test_table_has_one_row_per_parameter() -> None:
+    """Name, default, meaning and whether it shapes the state, for every field."""
+    rows = params_table().splitlines()[2:]
+    assert [row.split(" | ")[0].strip("| `") for row in rows] == NAMES
+    assert "| `history` | 32 |" in params_table()
+    assert all(row.endswith(("| yes |", "| no |")) for row in rows)
