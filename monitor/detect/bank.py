@@ -76,15 +76,15 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import numpy.typing as npt
 
 from monitor.arrays import F32, F64, I32, I64
 from monitor.detect import _blob
-from monitor.detect.bank_params import STATE_SHAPE, BankParams
-from monitor.detect.base import Detections
+from monitor.detect.bank_params import STATE_SHAPE, BankParams, param_types
+from monitor.detect.base import Detections, StateShapeError
 
 _MAD_TO_SIGMA = 1.4826
 _N_MAX = 1 << 30  # saturating sample counter
@@ -251,6 +251,11 @@ class BankCusum:
         self._grow(max(int(capacity), 1))
 
     # -- parameters and state ------------------------------------------------
+    @classmethod
+    def param_types(cls) -> dict[str, type]:
+        """The constructor's keywords (`BankParams` fields, then `capacity`) and their types."""
+        return param_types() | {"capacity": int}
+
     def params(self) -> dict[str, Any]:
         """Constructor keyword arguments that rebuild this detector (capacity aside)."""
         return self.cfg.as_dict()
@@ -354,18 +359,18 @@ class BankCusum:
         return _blob.pack(self.kind, params, arrays)
 
     @classmethod
-    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> BankCusum:
+    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> Self:
         """Rebuild a detector from `snapshot` bytes; future outputs are identical.
 
         `params` (the keys of `params()`) replaces the checkpoint's parameters: the state
-        carries on under them. It must keep `STATE_SHAPE` as it was (ValueError else).
+        carries on under them. It must keep `STATE_SHAPE` as it was (`StateShapeError` else).
         """
         saved, arrays = _blob.unpack(blob, cls.kind)
         n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
         if params is not None:
             changed = [k for k in cls.STATE_SHAPE if k in saved and params[k] != saved[k]]
             if changed:
-                raise ValueError(f"{changed} shape the state: a checkpoint cannot carry over")
+                raise StateShapeError(f"{changed} shape the state: a checkpoint cannot carry over")
             saved = dict(params)
         det = cls(n_metrics, capacity=1, **saved)
         cells = rows * n_metrics

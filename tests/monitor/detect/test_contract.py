@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from monitor.detect import (
     DEFAULT_KIND,
     KINDS,
+    REGISTRY,
     detector_params,
     make_detector,
     restore_configured,
@@ -18,7 +19,6 @@ from monitor.detect import (
 from monitor.detect.bank import BankCusum
 from monitor.detect.base import Detections, Detector
 from monitor.detect.cusum import Cusum
-from monitor.detect.factory import TaggedCusum
 from monitor.detect.river import RiverDetector
 
 FIELDS = ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score")
@@ -83,7 +83,7 @@ def test_window_counts_must_be_whole(kind: str, name: str) -> None:
     with pytest.raises(ValueError, match=f"{name} must be a whole number, got 32.5"):
         make_detector(kind, 1, {name: 32.5})
     det = make_detector(kind, 1, {name: 24.0})
-    value = det.cfg.burn_in if isinstance(det, BankCusum) else getattr(det, name)
+    value = det.params()[name]
     assert value == 24
     assert type(value) is int
 
@@ -146,12 +146,29 @@ def test_every_kind_forgets_and_grows(kind: str) -> None:
     assert len(det.update(np.array([7]), np.array([600.0]), np.array([[3.0]]))) == 0
 
 
-def test_untagged_placeholder_checkpoints_still_restore() -> None:
-    """The placeholder's own .npz bytes (written before the factory existed) are accepted."""
-    raw = Cusum(1).snapshot()
-    assert isinstance(restore_detector(raw), TaggedCusum)
-    with pytest.raises(ValueError, match="not a detector checkpoint"):
-        restore_detector(b"garbage")
+def test_checkpoints_without_a_kind_tag_are_refused() -> None:
+    """Only the tagged envelope is a detector checkpoint."""
+    for blob in (b"garbage", b"PK\x03\x04"):
+        with pytest.raises(ValueError, match="not a detector checkpoint"):
+            restore_detector(blob)
+
+
+def test_every_kind_is_one_registered_class() -> None:
+    """The registry maps each kind to its class; the class names its kind and parameters,
+    and the whole protocol is there (drains are {} where a kind counts nothing)."""
+    assert tuple(REGISTRY) == KINDS
+    for kind, cls in REGISTRY.items():
+        assert cls.kind == kind
+        det = make_detector(kind, 2, {"capacity": 3})
+        assert type(det) is cls
+        assert (det.n_metrics, det.capacity) == (2, 3)
+        assert tuple(cls.param_types()) == detector_params(kind)
+        assert set(det.params()) == set(detector_params(kind)) - {"capacity"}
+        assert make_detector(kind, 2, det.params()).params() == det.params()
+        assert isinstance(det.drain_stats(), dict)
+        assert isinstance(det.drain_warm_starts(), dict)
+    assert make_detector("cusum", 1).drain_stats() == {}
+    assert make_detector("kswin", 1).drain_warm_starts() == {}
 
 
 def _fed(det, steps: int, at: int = 10_000, t0: int = 0) -> int:
@@ -188,7 +205,8 @@ def test_restore_configured_keeps_retunes_or_resets() -> None:
         assert fresh.capacity >= 1
         assert int(fresh._s["n"].max()) == 0
     other, how = restore_configured(blob, "adwin", 1, {})
-    assert (how, type(other)) == ("reset", RiverDetector)
+    assert how == "reset"
+    assert isinstance(other, RiverDetector)
     assert restore_configured(blob, "bank", 2, {})[1] == "reset"
 
 
