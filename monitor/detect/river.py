@@ -7,12 +7,13 @@ KSWIN keeps its last `stat_size` samples, so the onset is the time of the
 sample before those; Page-Hinkley keeps no change-time estimate, so its onset
 is the previous sample's time. `before` / `after` are the means of the
 samples before / since that onset (back to the previous detection).
+A checkpoint holds each cell's recent samples, not river's objects: restore
+rebuilds those by replaying the samples (`RiverDetector.restore`).
 """
 
 from __future__ import annotations
 
 import inspect
-import pickle
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
@@ -163,27 +164,44 @@ class RiverDetector:
         )
 
     def snapshot(self) -> bytes:
-        """State as bytes; river objects are pickled, so restore only blobs you wrote."""
-        payload = pickle.dumps((self._cells, self._hist), protocol=5)
-        params = self.params() | {"n_metrics": self.n_metrics}
-        return _blob.pack(self.kind, params, {"pickle": np.frombuffer(payload, dtype=np.uint8)})
+        """Parameters and each live cell's recent samples (its last `history`), as arrays."""
+        live = [(c, hist) for c, hist in enumerate(self._hist) if hist is not None]
+        samples = np.array([s for _, hist in live for s in hist], dtype=np.float64).reshape(-1, 2)
+        arrays = {
+            "cells": np.array([c for c, _ in live], dtype=np.int64),
+            "lens": np.array([len(hist) for _, hist in live], dtype=np.int64),
+            "t": samples[:, 0],
+            "x": samples[:, 1],
+        }
+        params = self.params() | {"n_metrics": self.n_metrics, "rows": self.capacity}
+        return _blob.pack(self.kind, params, arrays)
 
     @classmethod
     def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> Self:
-        """Rebuild from `snapshot` bytes (a trusted checkpoint); future outputs are identical.
+        """Rebuild from `snapshot` bytes, each cell's river object from fresh by replaying
+        the cell's last `history` samples.
 
-        River objects are built with their parameters: `params` other than the
-        checkpoint's raise `StateShapeError`.
+        A river object's state is rebuilt from those samples only, so after a cell's
+        first `history` samples or its last detection it can differ from an uninterrupted
+        run's (river's objects are not serialised: no pickle). River objects are built
+        with their parameters: `params` other than the checkpoint's raise
+        `StateShapeError`.
         """
         saved, arrays = _blob.unpack(blob, cls.kind)
-        n_metrics = int(saved.pop("n_metrics"))
+        n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
         if params is not None and dict(params) != saved:
             raise StateShapeError(
                 f"a {cls.kind} checkpoint carries over only to its own parameters"
             )
-        det = cls(n_metrics, capacity=1, **saved)
-        # Our own checkpoint (the daemon's state topic), never untrusted input.
-        det._cells, det._hist = pickle.loads(arrays["pickle"].tobytes())  # noqa: S301
+        det = cls(n_metrics, capacity=rows, **saved)
+        ends = np.cumsum(arrays["lens"]).tolist()
+        t, x = arrays["t"].tolist(), arrays["x"].tolist()
+        for cell, lo, hi in zip(arrays["cells"].tolist(), [0, *ends[:-1]], ends, strict=True):
+            model = cls.model(**det.river_params)
+            for value in x[lo:hi]:
+                model.update(value)
+            det._cells[cell] = model
+            det._hist[cell] = deque(zip(t[lo:hi], x[lo:hi], strict=True), maxlen=det.history)
         return det
 
 
