@@ -368,20 +368,12 @@ class BankCusum:
         saved, arrays = _blob.unpack(blob, cls.kind)
         n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
         if params is not None:
-            changed = [k for k in cls.STATE_SHAPE if k in saved and params[k] != saved[k]]
+            changed = [k for k in cls.STATE_SHAPE if params[k] != saved[k]]
             if changed:
                 raise StateShapeError(f"{changed} shape the state: a checkpoint cannot carry over")
             saved = dict(params)
         det = cls(n_metrics, capacity=1, **saved)
-        cells = rows * n_metrics
-        # A checkpoint from before a scalar existed: that scalar starts at zero.
-        det._s = {
-            name: arrays[name] if name in arrays else np.zeros(cells, dtype=dt)
-            for name, dt in cls._SCALARS.items()
-        }
-        if "na" not in arrays:
-            # Before warm starts one count served the scale and the AR estimates alike.
-            det._s["na"] = det._s["ns"].copy()
+        det._s = {name: arrays[name] for name in cls._SCALARS}
         det._split = not np.array_equal(det._s["na"], det._s["ns"])
         if det._split:
             na, ns = det._s["na"], det._s["ns"]
@@ -393,15 +385,8 @@ class BankCusum:
             np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
             np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
         det._bank, det._run = arrays["bank"], arrays["run"]
-        det._ring, tring = arrays["ring"], arrays["tring"]
-        if "tepoch" in arrays:
-            det._t0 = float(arrays["tepoch"][0])
-            det._tring = tring
-        else:
-            # A checkpoint from before the epoch: times in float64 epoch seconds.
-            known = tring[np.isfinite(tring)]
-            det._t0 = float(math.floor(float(known.max()))) if known.size else math.nan
-            det._tring = (tring - (0.0 if known.size == 0 else det._t0)).astype(np.float32)
+        det._ring, det._tring = arrays["ring"], arrays["tring"]
+        det._t0 = float(arrays["tepoch"][0])
         det._cap = rows
         return det
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import monitor.detect.bank as bank_module
-from monitor.detect import _blob, restore_detector
+from monitor.detect import restore_detector
 from monitor.detect.bank import BankCusum
 from monitor.detect.base import Detections
 
@@ -738,21 +738,6 @@ def test_snapshot_restore_gives_identical_future_outputs(seed: int, cut: int, k:
     assert det.snapshot() == twin.snapshot()
 
 
-def test_restore_accepts_a_checkpoint_from_before_a_new_scalar() -> None:
-    """A checkpoint written before a per-cell scalar existed (here `jm`, the jump rule's
-    last deviation) restores with that scalar at zero instead of failing the partition."""
-    rng = np.random.default_rng(4)
-    det = BankCusum(1)
-    feed(det, 10.0 + rng.standard_normal((300, 5, 1)))
-    params, arrays = _blob.unpack(det.snapshot(), "bank")
-    del arrays["jm"]
-    old = BankCusum.restore(_blob.pack("bank", params, arrays))
-    assert not old._s["jm"].any()
-    later = 10.0 + rng.standard_normal((50, 5, 1))
-    later[25:] += 30.0
-    assert len(feed(old, later, t0=3000.0)) == 5
-
-
 def test_epoch_seconds_keep_onsets_to_the_sample() -> None:
     """Unix-epoch times (float32 could not hold them to 2 minutes): onsets land on the
     sample before the step, and the detection time is the wave's own time exactly."""
@@ -787,26 +772,6 @@ def test_time_ring_epoch_moves_after_a_long_run() -> None:
     for f in ("rows", "detected_ts", "onset_ts", "before", "after", "score"):
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
     assert det.snapshot() == twin.snapshot()
-
-
-def test_restore_accepts_a_checkpoint_with_float64_times() -> None:
-    """A checkpoint from before the time ring's epoch (epoch seconds in float64) restores
-    and goes on like the detector that wrote it, to the ring's resolution."""
-    rng = np.random.default_rng(13)
-    start = 1_764_480_000.0
-    x = 10.0 + rng.standard_normal((400, 4, 1))
-    x[320:, :2] += 4.0
-    det = BankCusum(1)
-    feed(det, x[:300], t0=start)
-    params, arrays = _blob.unpack(det.snapshot(), "bank")
-    arrays["tring"] = arrays["tring"].astype(np.float64) + arrays.pop("tepoch")[0]
-    old = BankCusum.restore(_blob.pack("bank", params, arrays))
-    assert old._tring.dtype == np.float32
-    a = feed(det, x[300:], t0=start + WINDOW * 300)
-    b = feed(old, x[300:], t0=start + WINDOW * 300)
-    assert sorted(a.rows.tolist()) == sorted(b.rows.tolist()) == [0, 1]
-    np.testing.assert_array_equal(a.detected_ts, b.detected_ts)
-    np.testing.assert_allclose(a.onset_ts, b.onset_ts, rtol=0, atol=0.125)
 
 
 def test_snapshot_holds_only_rows_in_use() -> None:
@@ -1197,26 +1162,6 @@ def test_warm_started_joiners_of_a_slow_family_page_less() -> None:
     cold, warm = alarms(False), alarms(True)
     assert cold >= 40  # the young streams' false alarms this is about
     assert warm * 2 <= cold
-
-
-def test_restore_accepts_a_checkpoint_from_before_warm_starts() -> None:
-    """A checkpoint without the AR count and the family: the AR count is the scale's, as
-    it was, and future outputs match the detector that wrote it."""
-    rng = np.random.default_rng(14)
-    det = BankCusum(1)
-    feed(det, 10.0 + rng.standard_normal((300, 5, 1)))
-    params, arrays = _blob.unpack(det.snapshot(), "bank")
-    del arrays["na"], arrays["fam"]
-    del params["warm_start"]
-    old = BankCusum.restore(_blob.pack("bank", params, arrays))
-    np.testing.assert_array_equal(old.ar_counts(), det._s["ns"][:5])
-    later = 10.0 + rng.standard_normal((100, 5, 1))
-    later[50:, :2] += 4.0
-    a, b = feed(det, later, t0=3000.0), feed(old, later, t0=3000.0)
-    assert sorted(a.rows.tolist()) == [0, 1]
-    for f in ("rows", "detected_ts", "onset_ts", "before", "after", "score"):
-        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
-    assert det.snapshot() == old.snapshot()
 
 
 def test_groups_must_match_the_rows() -> None:
