@@ -8,7 +8,7 @@ Per (stream, metric) cell, vectorised over all cells of a wave:
    family's instead borrows a mature family member's AR and long-run variance
    estimates, credited as `warm_start` samples; each fresh ring while the credit
    outweighs its own samples is reviewed, and a borrower that proves more
-   persistent drops them (`_donors`, `_review_credit`).
+   persistent drops them (`monitor.detect.bank_warm`).
 2. **Front-end.** Each sample becomes a standardised innovation
    ``z = (d - phi * d_prev) / sigma`` with ``d = x - level``, clipped at
    ±`clip`. Where d or d_prev lies beyond ``clip * (1 + ar_max)`` sigmas,
@@ -82,9 +82,10 @@ import numpy as np
 import numpy.typing as npt
 
 from monitor.arrays import F32, F64, I32, I64
-from monitor.detect import _blob
+from monitor.detect import bank_state
 from monitor.detect.bank_params import STATE_SHAPE, BankParams, param_types
-from monitor.detect.base import Detections, StateShapeError
+from monitor.detect.bank_warm import WarmStarts, unbiased_lag1
+from monitor.detect.base import Detections
 
 _MAD_TO_SIGMA = 1.4826
 _N_MAX = 1 << 30  # saturating sample counter
@@ -96,25 +97,6 @@ _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest membe
 # What an alarm (the statistic crossing h, or a jump run) became: a detection, dropped by
 # the spread veto (a burst of spread), or a silent re-baseline below `min_rel_change`.
 ALARM_OUTCOMES = ("reported", "vetoed", "below_min_change")
-# How streams that finished burn-in with families given (and `warm_start` on) started: from
-# a family member's estimates, on their own because they disagreed with the family, or on
-# their own for want of mature family members.
-# `withdrawn`: a stream that borrowed and whose own samples later showed it more persistent
-# than the estimates it borrowed (it then goes on from its own).
-WARM_OUTCOMES = ("borrowed", "own", "no_donor", "withdrawn")
-# Warm starts: a new stream's AR estimates come from the phi at this quantile of at
-# least this many mature streams of its family and column.
-_WARM_QUANTILE = 0.75
-_WARM_MIN_DONORS = 4
-# ... unless the cell's own burn-in estimate lies more than this many standard errors
-# above the family's (it would be under-whitened: pages) or below it (over-whitened: slow).
-_WARM_ABOVE = 0.5
-_WARM_BELOW = 2.0
-_FAM_MAX = (1 << 31) - 1  # families are stored as id + 1 in int32
-# While a cell's own samples are fewer than its credit, each fresh ring (every `history`
-# samples) is checked: a lag-1 autocorrelation this many standard errors above the phi
-# in use means the borrowed estimates under-whiten it, and they are dropped.
-_WARM_WITHDRAW = 3.0
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
 # The time ring holds float32 seconds since the detector's epoch (half the bytes of
@@ -128,11 +110,6 @@ def clipped_second_moment(c: float) -> float:
     tail = math.erfc(c / math.sqrt(2.0))  # P(|Z| > c)
     pdf = math.exp(-0.5 * c * c) / math.sqrt(2.0 * math.pi)
     return (1.0 - tail) - 2.0 * c * pdf + c * c * tail
-
-
-def _unbiased_lag1(est: F64, count: F64) -> F64:
-    """A lag-1 autocorrelation from `count` samples, less its small-sample bias."""
-    return est + (1.0 + 3.0 * est) / count
 
 
 def _get(arr: np.ndarray, sel: slice | I64) -> np.ndarray:
@@ -160,47 +137,16 @@ class BankCusum:
     # A checkpoint carries over to new parameters only where these match (`BankParams`).
     STATE_SHAPE: ClassVar[tuple[str, ...]] = STATE_SHAPE
 
-    # Per-cell scalar state, flat over cells (cell = row * n_metrics + column).
-    _SCALARS: ClassVar[dict[str, type[np.generic]]] = {
-        "n": np.int32,  # samples since (re)start: burn-in and youth
-        "nb": np.int32,  # samples in the level estimate (saturating)
-        "ns": np.int32,  # samples in the scale estimate (kept on re-baseline; 0 = fresh)
-        # Samples behind the AR and long-run variance estimates: ns plus a warm start's
-        # credit. Until a cell borrows (`_split`), na is ns and this array is not kept.
-        "na": np.int32,
-        "fam": np.int32,  # family (the caller's group id + 1; 0 = unknown): warm-start donors
-        "pos": np.int32,  # next ring slot
-        "mu": np.float64,  # baseline level
-        "sig": np.float64,  # innovation scale (1 until the first baseline)
-        "phi": np.float32,  # AR(1) coefficient in use (estimate + bias + margin)
-        "c0": np.float32,  # EW lag-0 autocovariance of lagged deviations (sigma units)
-        "c1": np.float32,  # EW lag-1 autocovariance
-        "dprev": np.float32,  # previous deviation (sigma units), for whitening
-        "lprev": np.float32,  # previous lagged deviation, for the AR estimate
-        "c2": np.float32,  # EW lag-2 autocovariance (sigma units)
-        "lprev2": np.float32,  # lagged deviation two samples back
-        "jr": np.float32,  # signed run of consecutive windows beyond `jump` marginal sigmas
-        "jm": np.float32,  # last window's deviation in marginal sigmas (unclipped), for `jr`
-        "vfirst": np.int32,  # `n` at the first spread veto of the current run of vetoes (0: none)
-        "vlast": np.int32,  # `n` at the latest spread veto
-        "lm": np.float32,  # EW mean (window `lrv_window`) of the lagged, clipped innovations
-        "lv": np.float32,  # EW mean square of `lm`: the innovations' long-run variance / L
-        "theta": np.float32,  # MA(1) coefficient (0 unless phi came from c2/c1)
-        "uprev": np.float32,  # previous ARMA innovation (front-end)
-        "ulprev": np.float32,  # previous lagged ARMA innovation (long-run variance)
-    }
-
     def __init__(self, n_metrics: int, *, capacity: int = 1024, **params: Any) -> None:
         """A bank for `n_metrics` columns; `params` are `BankParams` fields by name."""
         if n_metrics < 1:
             raise ValueError("n_metrics must be >= 1")
         self.n_metrics = int(n_metrics)
         self.cfg = BankParams(**params)
-        self._fam_in: tuple[I64, I64] | None = None  # this wave's (rows, groups), if given
         # Whether any cell's AR count differs from its scale count (a warm start borrowed):
         # until then the hot path reads and updates one count, as before warm starts.
         self._split = False
-        self._credit = np.empty(0, dtype=np.int64)  # cells on borrowed AR estimates
+        self._warm = WarmStarts()
         self._ma_rmax = self.cfg.ma_max / (1.0 + self.cfg.ma_max**2)  # lag-1 |rho| of w at ma_max
         if self.cfg.n_shifts == 1:
             self.shifts = np.array([self.cfg.min_shift])
@@ -247,8 +193,7 @@ class BankCusum:
         self._t0 = math.nan  # epoch of the time ring: set by the first wave
         # What became of alarms since the last `drain_stats` (process counters, not state).
         self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
-        self._warm_stats = dict.fromkeys(WARM_OUTCOMES, 0)
-        self._grow(max(int(capacity), 1))
+        bank_state.grow(self, max(int(capacity), 1))
 
     # -- parameters and state ------------------------------------------------
     @classmethod
@@ -276,8 +221,7 @@ class BankCusum:
 
     def drain_warm_starts(self) -> dict[str, int]:
         """Streams started since the last call, by `WARM_OUTCOMES`; the counts restart."""
-        out, self._warm_stats = self._warm_stats, dict.fromkeys(WARM_OUTCOMES, 0)
-        return out
+        return self._warm.drain()
 
     @property
     def capacity(self) -> int:
@@ -286,77 +230,15 @@ class BankCusum:
 
     def state_bytes_per_cell(self) -> int:
         """Bytes of state one (stream, metric) cell occupies."""
-        scalars = sum(np.dtype(t).itemsize for t in self._SCALARS.values())
-        return scalars + (2 * self.cfg.n_shifts + 2) * 4 + self.cfg.history * (4 + 4)
-
-    def _grow(self, need_rows: int) -> None:
-        if need_rows <= self._cap:
-            return
-        cap = max(need_rows, 2 * self._cap)
-        old, cells = self._cap * self.n_metrics, cap * self.n_metrics
-        s: dict[str, np.ndarray] = {}
-        for name, dt in self._SCALARS.items():
-            arr = np.ones(cells, dtype=dt) if name == "sig" else np.zeros(cells, dtype=dt)
-            if old:
-                arr[:old] = self._s[name]
-            s[name] = arr
-        bank = np.zeros((2 * self.cfg.n_shifts, cells), dtype=np.float32)
-        bank[:, :old] = self._bank
-        run = np.zeros((2, cells), dtype=np.float32)
-        run[:, :old] = self._run
-        ring = np.full((self.cfg.history, cells), np.nan, dtype=np.float32)
-        ring[:, :old] = self._ring
-        tring = np.full((self.cfg.history, cells), np.nan, dtype=np.float32)
-        tring[:, :old] = self._tring
-        self._s, self._bank, self._run, self._cap = s, bank, run, cap
-        self._ring, self._tring = ring, tring
+        return bank_state.bytes_per_cell(self)
 
     def forget(self, rows: I64) -> None:
         """Reset expired streams' slots so a new stream can reuse them."""
-        rows = np.asarray(rows, dtype=np.int64)
-        rows = rows[(rows >= 0) & (rows < self._cap)]
-        if rows.size == 0:
-            return
-        cells = (rows[:, None] * self.n_metrics + np.arange(self.n_metrics)).ravel()
-        for arr in self._s.values():
-            arr[cells] = 0
-        self._s["sig"][cells] = 1.0  # harmless divisor until the first baseline
-        self._bank[:, cells] = 0.0
-        self._run[:, cells] = 0.0
-        self._ring[:, cells] = np.nan
-        self._tring[:, cells] = np.nan
-
-    def _rows_in_use(self) -> int:
-        """Rows up to the last one that ever saw a sample (later slots are pristine)."""
-        seen = (self._s["n"] > 0) | (self._s["ns"] > 0)
-        last = np.flatnonzero(seen)
-        return 0 if last.size == 0 else int(last[-1]) // self.n_metrics + 1
-
-    def _arrays(self, rows: int | None = None) -> dict[str, np.ndarray]:
-        """State arrays for the first `rows` rows (all allocated rows by default)."""
-        cells = (self._cap if rows is None else rows) * self.n_metrics
-        arrays: dict[str, np.ndarray] = {name: a[:cells] for name, a in self._s.items()}
-        if not self._split:
-            arrays["na"] = arrays["ns"]  # the AR count is the scale's (not kept apart yet)
-        arrays.update(
-            bank=self._bank[:, :cells],
-            run=self._run[:, :cells],
-            ring=self._ring[:, :cells],
-            tring=self._tring[:, :cells],
-        )
-        return arrays
+        bank_state.forget(self, rows)
 
     def snapshot(self) -> bytes:
-        """All state and parameters as deterministic bytes.
-
-        Only rows in use are written: capacity is pre-allocated (and doubles), so a
-        partition with a few devices would otherwise checkpoint megabytes of empty slots.
-        """
-        rows = self._rows_in_use()
-        params = self.params() | {"n_metrics": self.n_metrics, "rows": rows}
-        # The time ring's epoch rides along as a one-element array (state, not a parameter).
-        arrays = self._arrays(rows) | {"tepoch": np.array([self._t0], dtype=np.float64)}
-        return _blob.pack(self.kind, params, arrays)
+        """All state and parameters as deterministic bytes (the rows in use only)."""
+        return bank_state.snapshot(self)
 
     @classmethod
     def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> Self:
@@ -365,30 +247,7 @@ class BankCusum:
         `params` (the keys of `params()`) replaces the checkpoint's parameters: the state
         carries on under them. It must keep `STATE_SHAPE` as it was (`StateShapeError` else).
         """
-        saved, arrays = _blob.unpack(blob, cls.kind)
-        n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
-        if params is not None:
-            changed = [k for k in cls.STATE_SHAPE if params[k] != saved[k]]
-            if changed:
-                raise StateShapeError(f"{changed} shape the state: a checkpoint cannot carry over")
-            saved = dict(params)
-        det = cls(n_metrics, capacity=1, **saved)
-        det._s = {name: arrays[name] for name in cls._SCALARS}
-        det._split = not np.array_equal(det._s["na"], det._s["ns"])
-        if det._split:
-            na, ns = det._s["na"], det._s["ns"]
-            det._credit = np.flatnonzero((na > ns) & (ns < min(det.cfg.warm_start, det._ns_max)))
-        if params is not None:
-            # Shorter windows than the checkpoint's: the counts saturate at the new ones
-            # (the per-count tables end there).
-            np.minimum(det._s["nb"], det.cfg.baseline_window, out=det._s["nb"])
-            np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
-            np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
-        det._bank, det._run = arrays["bank"], arrays["run"]
-        det._ring, det._tring = arrays["ring"], arrays["tring"]
-        det._t0 = float(arrays["tepoch"][0])
-        det._cap = rows
-        return det
+        return bank_state.restore(cls, blob, params)
 
     def _epoch(self, ts: F64) -> F64:
         """Wave times relative to the time ring's epoch (moving the epoch when they run far)."""
@@ -430,18 +289,15 @@ class BankCusum:
         if n == 0:
             return Detections.empty()
         if groups is not None and self.cfg.warm_start > 0:
-            fam = np.asarray(groups, dtype=np.int64)
-            if fam.shape != rows.shape or int(fam.min()) < 0 or int(fam.max()) >= _FAM_MAX:
-                raise ValueError(f"groups must be one id in [0, {_FAM_MAX}) per row")
-            self._fam_in = (rows, fam)
+            self._warm.families = self._warm.checked(rows, groups)
             try:
                 out = self._update(rows, ts, values)
             finally:
-                self._fam_in = None
+                self._warm.families = None
         else:
             out = self._update(rows, ts, values)
-        if self._credit.size:
-            self._review_credit()
+        if self._warm.credit.size:
+            self._warm.review(self)
         return out
 
     def _update(self, rows: I64, ts: F64, values: F64) -> Detections:
@@ -452,7 +308,7 @@ class BankCusum:
         if int(rows.min()) < 0:
             raise ValueError("row ids must be >= 0")
         top = int(rows.max()) + 1
-        self._grow(top)
+        bank_state.grow(self, top)
         ascending = n == 1 or bool(np.all(np.diff(rows) > 0))
         if not ascending and top <= 4 * n + 1024:
             # Arrival order is arbitrary; a counting sort (rows are unique within a wave)
@@ -1223,9 +1079,9 @@ class BankCusum:
         lag1 = np.where(both, dc[:, 1:] * dc[:, :-1], 0.0).sum(axis=1)
         lag0 = np.where(fin, dc * dc, 0.0).sum(axis=1)
         est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
-        est_bc = _unbiased_lag1(est, count)
+        est_bc = unbiased_lag1(est, count)
         phi = self._phi_bound(est_bc, count)
-        donor = self._donors(cells, est_bc, count)
+        donor = self._warm.donors(self, cells, est_bc, count)
         warm = donor >= 0
         if warm.any():
             # Whiten with the family's phi, so the scale is that of the innovations the
@@ -1250,127 +1106,12 @@ class BankCusum:
         s["ns"][cells] = count.astype(np.int32)
         s["na"][cells] = count.astype(np.int32)
         if warm.any():
-            # The family's AR and long-run variance estimates (in innovation sigmas, so they
-            # carry over between streams of different scales), credited as `warm_start`
-            # samples: the cell whitens like a mature one from its first active window, and
-            # its own samples take over at the AR window's pace.
-            to, src = cells[warm], donor[warm]
-            if not self._split:
-                s["na"][...] = s["ns"]  # from here on the two counts are kept apart
-                self._split = True
-            self._credit = np.union1d(self._credit, to)
-            for name in ("phi", "c0", "c1", "c2", "lv", "theta"):
-                s[name][to] = s[name][src]
-            s["na"][to] = np.maximum(s["na"][to], min(self.cfg.warm_start, self._ns_max))
+            self._warm.borrow(self, cells[warm], donor[warm])
 
     def _phi_bound(self, est_bc: F64, count: F64) -> F64:
         """The AR coefficient in use from a bias-corrected lag-1 estimate on `count` samples:
         its upper confidence bound (under-whitening pages), within [0, ar_max]."""
         return np.clip(est_bc + self.cfg.ar_margin / np.sqrt(count), 0.0, self.cfg.ar_max)
-
-    def _review_credit(self) -> None:
-        """Drop borrowed AR estimates from cells whose own fresh ring says they under-whiten.
-
-        A joiner that looked like its family in 32 burn-in samples may still be more
-        persistent (an AR(1) stream in a white family, one time in a few hundred): whitened
-        with the family's phi it pages until its own samples outweigh the credit. So each
-        time its ring has filled with new samples, its lag-1 autocorrelation there is set
-        against the phi in use; well above it, the cell starts over from the ring's own
-        estimates (their wide margin, its long-run variance afresh, its bank at zero).
-        """
-        s, credit = self._s, min(self.cfg.warm_start, self._ns_max)
-        c = self._credit
-        c = c[(s["na"][c] > s["ns"][c]) & (s["ns"][c] < credit)]  # forgotten, or own by now
-        self._credit = c
-        age = s["n"][c].astype(np.int64) - self.cfg.burn_in
-        due = c[(age > 0) & (age % self.cfg.history == 0)]
-        if due.size == 0:
-            return
-        vals, _ = self._chrono(due)
-        fin = np.isfinite(vals)
-        # Around the ring's own median, as at burn-in: a shift building up in the ring would
-        # read as persistence around the old level.
-        seen = np.asarray(fin.any(axis=1))
-        mid = np.nanmedian(np.where(seen[:, None], vals, 0.0), axis=1)
-        d = np.clip((vals - mid[:, None]) / s["sig"][due, None], -self._dclip, self._dclip)
-        d = np.where(fin, d, 0.0)
-        cnt = fin.sum(axis=1).astype(np.float64)
-        lag0 = (d * d).sum(axis=1)
-        lag1 = (d[:, 1:] * d[:, :-1]).sum(axis=1)
-        lag2 = (d[:, 2:] * d[:, :-2]).sum(axis=1)
-        est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
-        n = np.maximum(cnt, 1.0)
-        est_bc = _unbiased_lag1(est, n)
-        bad = (cnt >= _SPREAD_MIN_PAIRS) & (est_bc > s["phi"][due] + _WARM_WITHDRAW / np.sqrt(n))
-        if not bad.any():
-            return
-        cells, n_b = due[bad], n[bad]
-        s["c0"][cells] = lag0[bad] / n_b
-        s["c1"][cells] = lag1[bad] / n_b
-        s["c2"][cells] = lag2[bad] / n_b
-        s["phi"][cells] = self._phi_bound(est_bc[bad], n_b)
-        s["na"][cells] = n_b.astype(np.int32)
-        s["theta"][cells] = 0.0
-        s["lm"][cells] = 0.0
-        s["lv"][cells] = 1.0 / self._lrv_unit if self.cfg.lrv_window > 0 else 0.0
-        self._bank[:, cells] = 0.0  # evidence gathered under the wrong whitening
-        self._run[:, cells] = 0.0
-        self._credit = np.setdiff1d(self._credit, cells)
-        self._warm_stats["withdrawn"] += int(cells.size)
-
-    def _donors(self, cells: I64, est: F64, count: F64) -> I64:
-        """For each never-baselined cell, a mature cell of its family and column whose phi
-        is at the family's upper quartile (-1: none, fewer than `_WARM_MIN_DONORS`, or a
-        cell whose own burn-in disagrees with its family).
-
-        The upper quartile errs towards over-whitening, which costs a little power, not
-        false pages. `est` is the cell's own (bias-corrected) lag-1 autocorrelation from
-        `count` burn-in samples: a cell clearly more persistent than its family would be
-        under-whitened and page, one clearly less persistent would be over-whitened and
-        slow, so either keeps its own estimates. Families come with the wave (`update`'s
-        `groups`); the wave's rows are (re)labelled here, so only waves in which some
-        cell finishes burn-in pay.
-        """
-        out = np.full(cells.size, -1, dtype=np.int64)
-        if self._fam_in is None:
-            return out
-        s, k = self._s, self.n_metrics
-        rows_in, fam_in = self._fam_in
-        wave_cells = (rows_in[:, None] * k + np.arange(k)).ravel()
-        s["fam"][wave_cells] = np.repeat(fam_in + 1, k).astype(np.int32)
-        credit = min(self.cfg.warm_start, self._ns_max)
-        used = self._rows_in_use() * k
-        fam = s["fam"][:used]
-        # Only the families of the cells starting now (a table lookup, no sort of the
-        # whole detector); own samples (the scale's count), not credited ones: a
-        # warm-started cell lends nothing until its estimates rest on its own data.
-        wanted = np.unique(s["fam"][cells])  # labelled just above: ids + 1, never 0
-        mature = np.flatnonzero(np.isin(fam, wanted) & (s["ns"][:used] >= credit))
-        if mature.size < _WARM_MIN_DONORS:
-            self._warm_stats["no_donor"] += cells.size
-            return out
-        # Donor candidates sorted by (family, column, phi): each (family, column) is one
-        # run, and its upper quartile sits at a fixed share of the run.
-        key = fam[mature].astype(np.int64) * k + mature % k
-        order = np.lexsort((s["phi"][mature], key))
-        mature, key = mature[order], key[order]
-        want = s["fam"][cells].astype(np.int64) * k + cells % k
-        lo = np.searchsorted(key, want, side="left")
-        hi = np.searchsorted(key, want, side="right")
-        size = hi - lo
-        ok = size >= _WARM_MIN_DONORS
-        pick = lo + np.floor(_WARM_QUANTILE * (size - 1)).astype(np.int64)
-        got = mature[np.minimum(pick, mature.size - 1)]
-        ref = s["c1"][got] / np.maximum(s["c0"][got], _EPS32)  # the donor's own estimate
-        se = 1.0 / np.sqrt(np.maximum(count, 1.0))
-        with_donors = int(ok.sum())
-        ok &= (est <= ref + _WARM_ABOVE * se) & (est >= ref - _WARM_BELOW * se)
-        out[ok] = got[ok]
-        borrowed = int(ok.sum())
-        self._warm_stats["borrowed"] += borrowed
-        self._warm_stats["own"] += with_donors - borrowed
-        self._warm_stats["no_donor"] += cells.size - with_donors
-        return out
 
     def _level(self, cells: I64) -> None:
         """Level = median of the ring's samples; start the lagged updates from there."""

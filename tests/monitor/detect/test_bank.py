@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import monitor.detect.bank as bank_module
-from monitor.detect import restore_detector
+from monitor.detect import bank_state, bank_warm, restore_detector
 from monitor.detect.bank import BankCusum
 from monitor.detect.base import Detections
 
@@ -658,9 +657,9 @@ def test_nan_cells_leave_state_untouched() -> None:
     rng = np.random.default_rng(0)
     det = BankCusum(2)
     feed(det, 1 + 0.1 * rng.standard_normal((60, 3, 2)))
-    before = {k: v.copy() for k, v in det._arrays().items()}
+    before = {k: v.copy() for k, v in bank_state.state_arrays(det).items()}
     det.update(np.array([1]), np.array([600.0]), np.array([[np.nan, 1.0]]))
-    after = det._arrays()
+    after = bank_state.state_arrays(det)
     cell_nan, cell_ok = 1 * 2 + 0, 1 * 2 + 1
     for name, arr in before.items():
         np.testing.assert_array_equal(arr[..., cell_nan], after[name][..., cell_nan], err_msg=name)
@@ -913,8 +912,8 @@ def test_every_stream_in_shuffled_order_equals_the_sorted_wave() -> None:
         for f in ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score"):
             np.testing.assert_array_equal(getattr(got, f)[key], getattr(want, f), err_msg=f)
         found += len(want)
-    for name, arr in a._arrays().items():
-        assert arr.tobytes() == b._arrays()[name].tobytes(), name
+    for name, arr in bank_state.state_arrays(a).items():
+        assert arr.tobytes() == bank_state.state_arrays(b)[name].tobytes(), name
     assert found >= 16
 
 
@@ -961,7 +960,7 @@ def test_block_with_missing_cells_equals_the_gather_path_bit_for_bit(
             want = want // stride if f == "rows" else want
             np.testing.assert_array_equal(getattr(a, f)[key_a], want, err_msg=f"wave {t} {f}")
         found += len(a)
-        mine, ref = block._arrays(), gather._arrays()
+        mine, ref = bank_state.state_arrays(block), bank_state.state_arrays(gather)
         for name, arr in mine.items():  # every wave: an absent cell's slot is soon rewritten
             want = ref[name][..., cells]
             assert arr.dtype == want.dtype, name
@@ -997,8 +996,8 @@ def test_ma_term_is_the_same_on_every_path() -> None:
         np.testing.assert_array_equal(getattr(a, f)[key_a], getattr(b, f)[key_b], err_msg=f)
     assert (block._s["theta"][: n * k] > 0).mean() >= 0.5  # the MA term is in play
     cells = (rows[:, None] * stride * k + np.arange(k)).ravel()
-    for name, arr in block._arrays().items():
-        assert arr.tobytes() == gather._arrays()[name][..., cells].tobytes(), name
+    for name, arr in bank_state.state_arrays(block).items():
+        assert arr.tobytes() == bank_state.state_arrays(gather)[name][..., cells].tobytes(), name
     assert len(a) >= 5
 
 
@@ -1120,10 +1119,10 @@ def test_borrowed_estimates_are_dropped_when_the_joiner_proves_more_persistent(
     """A slow joiner that got through the agreement test (forced here) whitens with its
     white family's phi; its fresh rings soon show the persistence, and it goes on from its
     own estimates, with a wide margin. Without the review it keeps the family's."""
-    monkeypatch.setattr(bank_module, "_WARM_ABOVE", 99.0)
+    monkeypatch.setattr(bank_warm, "_WARM_ABOVE", 99.0)
 
     def run(review: bool) -> BankCusum:
-        monkeypatch.setattr(bank_module, "_WARM_WITHDRAW", 3.0 if review else math.inf)
+        monkeypatch.setattr(bank_warm, "_WARM_WITHDRAW", 3.0 if review else math.inf)
         det = BankCusum(1, warm_start=256, capacity=64)
         _family_then_joiners(det, 0.9, 0.0, w_old=300, w_new=100)
         return det
@@ -1210,7 +1209,7 @@ def test_warm_started_detector_round_trips_and_stays_finite(seed: int, cut: int,
     b = run(twin, cut, t_len)
     assert a == b
     assert det.snapshot() == twin.snapshot()
-    used = det._rows_in_use() * k
+    used = bank_state.rows_in_use(det) * k
     for name in ("mu", "sig", "phi", "c0", "c1", "c2", "lv"):
         assert np.isfinite(det._s[name][:used]).all(), name
     assert (det.ar_counts()[:used] >= 0).all()
