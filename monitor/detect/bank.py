@@ -76,7 +76,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, NamedTuple, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -124,6 +124,79 @@ def _cells_of(sel: slice | I64) -> I64:
     if isinstance(sel, slice):
         return np.arange(sel.start, sel.stop, dtype=np.int64)
     return sel
+
+
+_Mask = npt.NDArray[np.bool_]
+
+
+class _Cells:
+    """One wave's cells of the per-cell state, by name: views into it for a contiguous
+    block of cells, gathered copies for scattered cells, which `scatter` writes back
+    once (those marked `changed`)."""
+
+    __slots__ = (
+        "_dirty", "_got", "_s", "burn", "dense", "na_min", "nb_min", "ns_min", "sel", "size",
+        "split",
+    )  # fmt: skip
+
+    def __init__(
+        self, s: dict[str, np.ndarray], sel: slice | I64, size: int, burn: I64 | None, split: bool
+    ) -> None:
+        self._s, self.sel, self.size = s, sel, size
+        self.burn = burn  # positions of the cells riding along (burning in or absent)
+        self.split = split  # whether the AR count `na` is kept apart from `ns`
+        self.dense = isinstance(sel, slice)
+        self._got: dict[str, np.ndarray] = {}
+        self._dirty: dict[str, None] = {}
+        # The counts as the wave found them (the stages advance them).
+        self.ns_min = int(self["ns"].min())
+        self.na_min = int(self["na"].min()) if split else self.ns_min
+        self.nb_min = int(self["nb"].min())
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        got = self._got.get(name)
+        if got is None:
+            got = self._got[name] = _get(self._s[name], self.sel)
+        return got
+
+    def na(self) -> np.ndarray:
+        """The AR count: the scale's own (`ns`) until a cell borrowed."""
+        return self["na"] if self.split else self["ns"]
+
+    def put(self, name: str, arr: np.ndarray) -> None:
+        """Store `arr` as the cells' `name` now (the caller may reuse `arr` afterwards)."""
+        self._s[name][self.sel] = arr
+        self._got.pop(name, None)
+
+    def changed(self, *names: str) -> None:
+        """Mark arrays modified in place, for `scatter`."""
+        if not self.dense:
+            self._dirty.update(dict.fromkeys(names))
+
+    def scatter(self) -> None:
+        """Write the gathered arrays marked `changed` back (views need nothing)."""
+        for name in self._dirty:
+            self._s[name][self.sel] = self._got[name]
+
+
+class _Arma(NamedTuple):
+    """The MA(1) term in one wave: every cell's theta (None with the term off), the
+    ARMA(1,1) cells (theta > 0; None if there are none) and their theta."""
+
+    theta: F32 | None
+    at: I64 | None
+    th_at: F32 | None
+
+
+class _Rates(NamedTuple):
+    """Weights of one wave's lagged samples in the slow estimates."""
+
+    a_s: F32 | float  # the scale's
+    a_p: F32 | float  # the AR and long-run variance estimates'
+    inv32: F32 | np.float32 | None  # 1 / min(na, ar_window), for the AR bias (None: ns_sat)
+    pad: F32 | np.float32 | None  # ar_margin / sqrt(min(na, ar_window)) (None: ns_sat)
+    ar_sat: bool  # every AR count at its window
+    ns_sat: bool  # every count at its window and every cell with a lagged sample
 
 
 class BankCusum:
@@ -444,110 +517,194 @@ class BankCusum:
     def _active(
         self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
     ) -> Detections:
-        """Front-end, bank and lagged baseline (in place for a slice, gather/scatter else)."""
-        s, c, size = self._s, self.cfg.clip, x.size
-        dense = isinstance(sel, slice)
+        """Front-end, bank and lagged baseline for one wave's cells; then its alarms."""
+        v = _Cells(self._s, sel, x.size, burn, self._split)
+        arma = self._arma_cells(v)
+        dz, marg = self._deviations(v, x, arma)
+        jumped = self._jump_runs(v, dz, marg) if self.cfg.jump > 0 else None
+        z = self._innovations(v, dz, arma)
+        self._deflate(v, z, n, arma)
+        bank, run, fire, idle = self._bank_step(v, z)
+        self._lagged_update(v, xl, marg, run, idle, arma)
+        v.scatter()
+        if jumped is None and not fire:
+            return Detections.empty()
+        stat = bank.max(axis=0)
+        h32 = np.float32(self.cfg.h)
+        hit = stat > h32
+        if jumped is not None:
+            hit |= jumped
+            np.maximum(stat, h32, out=stat, where=jumped)
+        idx = np.flatnonzero(hit)
+        return self._alarm(_cells_of(sel)[idx], t[idx], stat[idx].astype(np.float64))
 
-        zeros = self._buf("zero", size, 0.0)
-        mu, sig, phi = _get(s["mu"], sel), _get(s["sig"], sel), _get(s["phi"], sel)
-        dprev, lprev = _get(s["dprev"], sel), _get(s["lprev"], sel)
-        c2, lprev2 = _get(s["c2"], sel), _get(s["lprev2"], sel)
-        c0, c1, nb, ns = (
-            _get(s["c0"], sel),
-            _get(s["c1"], sel),
-            _get(s["nb"], sel),
-            _get(s["ns"], sel),
-        )
-        split = self._split
-        na = _get(s["na"], sel) if split else ns  # the same array until a cell borrows
-        ns_min = int(ns.min())
-        na_min = int(na.min()) if split else ns_min
+    # -- front-end: deviations, the jump rule, whitened innovations ------------------
+    def _arma_cells(self, v: _Cells) -> _Arma:
+        """The MA(1) term's coefficients and the ARMA(1,1) cells among `v` (theta > 0:
+        rare outside slow signals under noise, so the MA term's work touches only them)."""
+        if self.cfg.ma_max == 0:
+            return _Arma(None, None, None)
+        theta = v["theta"]
+        at = np.flatnonzero(theta > 0)
+        if at.size == 0:
+            return _Arma(theta, None, None)
+        return _Arma(theta, at, theta[at])
 
-        # Front-end: AR(1)-whitened, clipped innovation in sigma units.
-        dz64 = x - mu
-        dz64 /= sig
-        if burn is not None:
-            dz64[burn] = 0.0
+    def _deviations(self, v: _Cells, x: F64, arma: _Arma) -> tuple[F32, F32]:
+        """Each cell's deviation from its level in innovation sigmas (0 for cells riding
+        along), and the factor from innovation sigmas to the level's marginal sigmas."""
+        dz64 = x - v["mu"]
+        dz64 /= v["sig"]
+        if v.burn is not None:
+            dz64[v.burn] = 0.0
         dz = dz64.astype(np.float32)
-        # Innovation sigmas -> marginal sigmas of the level: sqrt(1 - phi²).
-        marg = phi * phi
+        marg = v["phi"] * v["phi"]  # sqrt(1 - phi²), in place
         np.subtract(np.float32(1.0), marg, out=marg)
         np.sqrt(marg, out=marg)
-        # ARMA(1,1) cells (theta > 0; rare outside slow signals under noise): the MA
-        # term's work below touches only them.
-        th_now = _get(s["theta"], sel) if self.cfg.ma_max > 0 else None
-        ma_at = np.flatnonzero(th_now > 0) if th_now is not None else None
-        if ma_at is not None and ma_at.size == 0:
-            ma_at = None
-        th_at: F32 | None = None
-        if ma_at is not None:
-            assert th_now is not None  # noqa: S101 - ma_at comes from it
-            th_at = th_now[ma_at]
+        if arma.at is not None:
             # phi is the slow part's root there, so the level's marginal sd is sqrt(c0)
             # innovation sigmas, not 1 / sqrt(1 - phi²) (for phi 0.97 that would put the
             # jump rule's bound at 25 sigmas and leave the slow estimates' bound open).
-            marg[ma_at] = np.float32(1.0) / np.sqrt(np.maximum(c0[ma_at], _EPS32))
-        jumped = self._jump_runs(sel, dz, phi, marg, ns, burn) if self.cfg.jump > 0 else None
-        # Whitening with the pair (d, d_prev) bounded together: where either is beyond
-        # `dclip` sigmas, both are scaled down by the same factor, so the innovation keeps
-        # its sign and proportion. Clipping each alone turned a shock's decay (d_prev 20,
-        # d 10 under phi 0.5: innovation 0) into windows of (1 - phi) * dclip, which
-        # paged on heavy-tailed shocks. The bound itself keeps an under-estimated phi on a
-        # slow metric from turning a long excursion into a run of large innovations.
+            c0_at = v["c0"][arma.at]
+            marg[arma.at] = np.float32(1.0) / np.sqrt(np.maximum(c0_at, _EPS32))
+        return dz, marg
+
+    def _jump_runs(self, v: _Cells, dz: F32, marg: F32) -> npt.NDArray[np.bool_] | None:
+        """Count consecutive windows beyond `jump` marginal sigmas on one side; the mask of
+        cells whose run reached `jump_windows` (None when none did).
+
+        A step of many sigmas is obvious long before the bank's capped steps add up to h.
+        `jump_windows` windows in a row beyond `jump` sigmas of the level's own spread is
+        rare under any tail the front-end admits, so the rule is safe without a threshold
+        of its own. Under autocorrelation one huge innovation also stays beyond the bound
+        for a few windows, decaying as phi^k; a run only grows when its window is not that
+        decay: it must exceed phi times the previous deviation by half of what a step at
+        the bound would add, jump*(1-phi)/2.
+        """
+        jr, jm, phi, ns = v["jr"], v["jm"], v["phi"], v["ns"]
+        m = marg * dz
+        j32 = np.float32(self.cfg.jump)
+        # Windows beyond the bound are rare: extend those runs; every other run is +0.
+        new = np.zeros(m.size, dtype=np.float32)
+        for side, at in ((1.0, np.flatnonzero(m > j32)), (-1.0, np.flatnonzero(m < -j32))):
+            if not at.size:
+                continue
+            sgn = np.float32(side)
+            p_at, run = phi[at], jr[at] * sgn
+            # The innovation of this window in marginal sigmas, towards the run's side.
+            fresh = (m[at] - p_at * jm[at]) * sgn
+            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
+            new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
+        if v.ns_min < _JUMP_AFTER:
+            new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
+        if v.burn is not None:
+            new[v.burn], m[v.burn] = jr[v.burn], jm[v.burn]
+        v.put("jr", new)
+        v.put("jm", m)
+        np.abs(new, out=new)
+        reached = new >= np.float32(self.cfg.jump_windows)
+        return reached if bool(reached.any()) else None
+
+    def _innovations(self, v: _Cells, dz: F32, arma: _Arma) -> F32:
+        """The whitened, clipped innovations z; the deviations become `dprev`.
+
+        The pair (d, d_prev) is bounded together: where either is beyond `dclip` sigmas,
+        both are scaled down by the same factor, so the innovation keeps its sign and
+        proportion. Clipping each alone turned a shock's decay (d_prev 20, d 10 under phi
+        0.5: innovation 0) into windows of (1 - phi) * dclip, which paged on heavy-tailed
+        shocks. The bound itself keeps an under-estimated phi on a slow metric from turning
+        a long excursion into a run of large innovations.
+        """
+        dprev, burn = v["dprev"], v.burn
         np.clip(dz, -_DZ_FINITE, _DZ_FINITE, out=dz)  # finite: no inf - inf below
-        z = phi * dprev
+        z: F32 = v["phi"] * dprev
         np.subtract(dz, z, out=z)
         shrink = np.abs(dz)
         np.maximum(shrink, np.abs(dprev), out=shrink)
-        bound = self._buf("dclip", size, self._dclip)
+        bound = self._buf("dclip", v.size, self._dclip)
         np.maximum(shrink, bound, out=shrink)
         np.divide(bound, shrink, out=shrink)  # dclip / max(|d|, |d_prev|, dclip)
         z *= shrink
-        if th_now is not None:
+        if arma.theta is not None:
             # A slow signal under measurement noise (an ARMA(1,1)): w = d - phi d_prev
-            # still carries the noise's MA(1) part, u = w + theta u_prev does not; its
-            # variance is w's / (1 + theta²). Where theta is 0, u is w (bounded at
-            # dclip): z is the plain AR(1) innovation, and a cell that turns ARMA starts
-            # its recursion from its last w.
-            # Burning cells keep their state.
-            u_at = self._ma_recursion("uprev", sel, z, ma_at, th_at, burn)
-            if ma_at is not None and u_at is not None:
-                z[ma_at] = u_at
-        np.clip(z, -c, c, out=z)
+            # still carries the noise's MA(1) part, u = w + theta u_prev does not. Where
+            # theta is 0, u is w: a cell that turns ARMA starts its recursion from its
+            # last w. Cells riding along keep their state.
+            u_at = self._ma_recursion(v, "uprev", z, arma, burn)
+            if arma.at is not None and u_at is not None:
+                z[arma.at] = u_at
+        np.clip(z, -self.cfg.clip, self.cfg.clip, out=z)
         if burn is not None:
             z[burn] = 0.0
-            dz[burn] = dprev[burn]  # burning cells keep their whitening state
+            dz[burn] = dprev[burn]  # cells riding along keep their whitening state
         dprev[...] = dz
+        v.changed("dprev")
+        return z
+
+    def _ma_recursion(
+        self, v: _Cells, name: str, w: F32, arma: _Arma, keep: I64 | None
+    ) -> F32 | None:
+        """Advance the MA state `name`: u = w + theta u_prev in the ARMA cells, u = w
+        elsewhere, bounded at dclip; cells at `keep` keep theirs. The ARMA cells' u in its
+        own sigmas (u sqrt(1 + theta²): its variance is w's / (1 + theta²)), or None when
+        there are none."""
+        prev = v[name]
+        u_at = None
+        if arma.at is not None and arma.th_at is not None:
+            u_at = arma.th_at * prev[arma.at]
+            u_at += w[arma.at]
+            np.clip(u_at, -self._dclip, self._dclip, out=u_at)
+        kept = None if keep is None else prev[keep]
+        np.clip(w, -self._dclip, self._dclip, out=prev)
+        if arma.at is not None and u_at is not None and arma.th_at is not None:
+            prev[arma.at] = u_at
+            u_at = u_at * np.sqrt(arma.th_at * arma.th_at + np.float32(1.0))
+        if keep is not None and kept is not None:
+            prev[keep] = kept
+        v.changed(name)
+        return u_at
+
+    def _deflate(self, v: _Cells, z: F32, n: I32, arma: _Arma) -> None:
+        """Shrink young cells' evidence, and deflate z by the innovations' long-run
+        variance ratio (less its noise), in place."""
         if self.cfg.youth > 0 and int(n.min()) < self._youth_until:
             # A young baseline is uncertain: shrink the evidence until it matures.
             z *= np.take(self._youth_u, n, mode="clip")
-        if self.cfg.lrv_window > 0:
-            # Persistence the whitening left in (a slow wander under measurement noise:
-            # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
-            # Deflate z by the innovations' long-run variance ratio, less its noise.
-            f = _get(s["lv"], sel) * np.float32(self._lrv_unit)
-            if na_min >= self._ns_max:
-                padl: F32 | np.float32 = self._lrv_pad32[self.cfg.ar_window]
-            else:
-                padl = np.take(self._ns_pad_lrv32, na.astype(np.intp), mode="wrap")
-            if ma_at is not None:
-                # ARMA cells are deflated by the point estimate: their long-run variance
-                # learns at all times (below), and what the MA term leaves is real.
-                f_at = f[ma_at]
-            f -= padl
-            if ma_at is not None:
-                f[ma_at] = f_at
-            np.maximum(f, np.float32(1.0), out=f)
-            np.sqrt(f, out=f)
-            z /= f
+        if self.cfg.lrv_window == 0:
+            return
+        # Persistence the whitening left in (a slow wander under measurement noise:
+        # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
+        f = v["lv"] * np.float32(self._lrv_unit)
+        if v.na_min >= self._ns_max:
+            padl: F32 | np.float32 = self._lrv_pad32[self.cfg.ar_window]
+        else:
+            padl = np.take(self._ns_pad_lrv32, v.na().astype(np.intp), mode="wrap")
+        if arma.at is not None:
+            # ARMA cells are deflated by the point estimate: their long-run variance
+            # learns at all times, and what the MA term leaves is real.
+            f_at = f[arma.at]
+        f -= padl
+        if arma.at is not None:
+            f[arma.at] = f_at
+        np.maximum(f, np.float32(1.0), out=f)
+        np.sqrt(f, out=f)
+        z /= f
 
-        # Bank (float32: the statistics need no more precision).
+    # -- the bank -------------------------------------------------------------------
+    def _bank_step(self, v: _Cells, z: F32) -> tuple[F32, F32, bool, _Mask | None]:
+        """Advance every member's statistics by z (float32: they need no more precision).
+
+        Returns the statistics and run lengths of `v`'s cells, whether any statistic
+        crossed h, and the mask of cells riding along (None when there are none).
+        """
+        sel, size, burn, c = v.sel, v.size, v.burn, self.cfg.clip
+        zeros = self._buf("zero", size, 0.0)
+        nb = v["nb"]
         bank, run = _get(self._bank, sel), _get(self._run, sel)
-        nb_min = int(nb.min())
         fire = False
         h32 = np.float32(self.cfg.h)
         live: F32 | None = None
-        idle: npt.NDArray[np.bool_] | None = None
+        idle: _Mask | None = None
         if burn is not None:
             # Cells riding along (z = 0 there) get half = 0 too, so their steps are +0 and
             # their statistics stay as they were: one product per member instead of two
@@ -572,7 +729,7 @@ class BankCusum:
             np.maximum(up, zeros, out=up)
             dn -= a_dn
             np.maximum(dn, zeros, out=dn)
-            if nb_min < self._mature_at[j]:
+            if v.nb_min < self._mature_at[j]:
                 ripe = nb >= self._mature_at[j]
                 up *= ripe
                 dn *= ripe
@@ -587,189 +744,222 @@ class BankCusum:
                     run[0] *= (up > 0) | idle
                     run[1] *= (dn > 0) | idle
             fire = fire or bool(up.max() > h32) or bool(dn.max() > h32)
-        if not dense:
+        if not v.dense:
             for j in range(bank.shape[0]):
                 self._bank[j][sel] = bank[j]
             self._run[0][sel], self._run[1][sel] = run[0], run[1]
+        return bank, run, fire, idle
 
-        # Lagged baseline: fold in the sample that just left the ring, if any.
+    # -- lagged baseline: level, scale, AR and long-run variance ----------------------
+    def _lagged_update(
+        self, v: _Cells, xl: F64, marg: F32, run: F32, idle: _Mask | None, arma: _Arma
+    ) -> None:
+        """Fold the sample that just left the ring (if any) into the slow estimates."""
+        rl, w, off = self._lagged_deviations(v, xl, marg)
+        a_b = self._level_rate(v, w, off is None)
+        rates = self._rates(v, w, off is None)
+        mu, sig, phi, lprev = v["mu"], v["sig"], v["phi"], v["lprev"]
+        step = sig * rl
+        step *= a_b
+        mu += step
+        el = phi * lprev  # the lagged innovation
+        np.subtract(rl, el, out=el)
+        if self.cfg.lrv_window > 0:
+            self._long_run_variance(v, el, run, w, off, rates.a_p, arma)
+        self._scale(v, el, rates.a_s)
+        est, at = self._ar(v, rl, rates, idle)
+        if arma.theta is not None:
+            self._ma_theta(v, est, at, arma, idle)
+        lprev2 = v["lprev2"]
+        keep = None if off is None else lprev[off]
+        if self.cfg.ar2_margin > 0:
+            keep2 = None if off is None else lprev2[off]
+            lprev2[...] = lprev
+            if keep2 is not None:
+                lprev2[off] = keep2
+        lprev[...] = rl
+        if keep is not None:
+            lprev[off] = keep
+        v.changed("mu", "sig", "phi", "c0", "c1", "lprev")
+        if self.cfg.ar2_margin > 0:
+            v.changed("c2", "lprev2")
+
+    def _lagged_deviations(self, v: _Cells, xl: F64, marg: F32) -> tuple[F32, _Mask, I64 | None]:
+        """The lagged samples' deviations in sigmas (0 where there is none), which cells
+        have one, and the positions of those without (None: all have one)."""
         w = np.isfinite(xl)
-        if burn is not None:
-            w[burn] = False
-        all_w = bool(w.all())
+        if v.burn is not None:
+            w[v.burn] = False
         # Positions, not a mask: writes through a scattered boolean mask are slow.
-        off = None if all_w else np.flatnonzero(~w)
-        rl64 = xl - mu
+        off = None if bool(w.all()) else np.flatnonzero(~w)
+        rl64 = xl - v["mu"]
         if off is not None:
             rl64[off] = 0.0
-        rl64 /= sig
+        rl64 /= v["sig"]
         rl = rl64.astype(np.float32)
         np.clip(rl, -self._dclip, self._dclip, out=rl)
         # The slow estimates also see each deviation bounded at `clip` marginal sigmas
         # (the burn-in's bound): one additive outlier then adds clip² to the lag-0
         # covariance, not (front-end bound)², and pulls phi down far less. A phi biased
-        # low under-whitens, and under-whitening pages (1% spikes: 2.0 -> 0.6 per 1e5).
-        lim = np.float32(c) / marg
+        # low under-whitens, and under-whitening pages.
+        lim = np.float32(self.cfg.clip) / marg
         np.minimum(rl, lim, out=rl)
         np.negative(lim, out=lim)
         np.maximum(rl, lim, out=rl)
-        bw = self.cfg.baseline_window
-        if all_w and nb_min >= bw:
-            a_b: F32 | float = 1.0 / bw
-        elif nb_min >= bw:
+        return rl, w, off
+
+    def _level_rate(self, v: _Cells, w: _Mask, all_w: bool) -> F32 | float:
+        """The level's weight for the lagged sample: 1 / count up to `baseline_window`."""
+        nb, bw = v["nb"], self.cfg.baseline_window
+        if all_w and v.nb_min >= bw:
+            return 1.0 / bw
+        if v.nb_min >= bw:
             # Every level already rests on its window: one weight, masked, no lookups.
-            a_b = w * self._inv_n32[bw]
             if int(nb.max()) > bw:
-                s["nb"][sel] = bw
-        else:
-            np.add(nb, w, out=nb)
-            np.minimum(nb, bw, out=nb)
-            # 1 / count: a running mean until the window (nb <= baseline_window: in range).
-            ab = np.take(self._inv_n32, nb.astype(np.intp), mode="wrap")
-            if not all_w:
-                ab *= w
-            a_b = ab
-            if not dense:
-                s["nb"][sel] = nb
-        # Two counts: ns for the scale, na for the AR and long-run variance estimates
-        # (na runs ahead of ns in a cell that started from its family's estimates).
-        ns_max = self._ns_max
-        ar_sat = na_min >= ns_max
-        sat = ns_min >= ns_max and ar_sat
-        ns_sat = all_w and sat
-        if ns_sat:
-            a_s: F32 | float = 1.0 / self.cfg.scale_window
-            a_p: F32 | float = 1.0 / self.cfg.ar_window
-        elif sat:
+                nb[...] = bw
+                v.changed("nb")
+            a_b: F32 = w * self._inv_n32[bw]
+            return a_b
+        np.add(nb, w, out=nb)
+        np.minimum(nb, bw, out=nb)
+        v.changed("nb")
+        # 1 / count: a running mean until the window (nb <= baseline_window: in range).
+        ab = np.take(self._inv_n32, nb.astype(np.intp), mode="wrap")
+        if not all_w:
+            ab *= w
+        return ab
+
+    def _rates(self, v: _Cells, w: _Mask, all_w: bool) -> _Rates:
+        """Weights of the lagged sample in the scale and in the AR and long-run variance
+        estimates, by their counts: ns for the scale, na for the others (na runs ahead of
+        ns in a cell that started from its family's estimates)."""
+        ns, na, ns_max = v["ns"], v.na(), self._ns_max
+        sw, aw = self.cfg.scale_window, self.cfg.ar_window
+        ar_sat = v.na_min >= ns_max
+        sat = v.ns_min >= ns_max and ar_sat
+        if all_w and sat:
+            return _Rates(1.0 / sw, 1.0 / aw, None, None, ar_sat, ns_sat=True)
+        if sat:
             # Saturated but for absent cells: the same weights as below, without lookups.
             if int(ns.max()) > ns_max:
-                s["ns"][sel] = ns_max
-            inv32: F32 | np.float32 = self._inv_n32[self.cfg.ar_window]
-            pad: F32 | np.float32 = self._ar_pad32[self.cfg.ar_window]
-            a_p = w * inv32
-            a_s = w * self._inv_n32[self.cfg.scale_window]
+                ns[...] = ns_max
+                v.changed("ns")
+            inv32: F32 | np.float32 = self._inv_n32[aw]
+            pad: F32 | np.float32 = self._ar_pad32[aw]
+            return _Rates(w * self._inv_n32[sw], w * inv32, inv32, pad, ar_sat, ns_sat=False)
+        np.add(ns, w, out=ns)
+        np.minimum(ns, ns_max, out=ns)
+        v.changed("ns")
+        if v.split:
+            np.add(na, w, out=na)
+            np.minimum(na, ns_max, out=na)
+            v.changed("na")
+        nai = na.astype(np.intp)
+        inv32 = np.take(self._ns_inv_ar32, nai, mode="wrap")  # 1 / min(na, ar_window)
+        pad = np.take(self._ns_pad_ar32, nai, mode="wrap")
+        a_p = inv32 if all_w else inv32 * w
+        same = not v.split or bool(np.array_equal(ns, na))
+        if (sw == aw or int(ns.max()) <= min(sw, aw)) and same:
+            a_s: F32 = a_p  # min(ns, scale_window) == min(na, ar_window): the same weights
         else:
-            np.add(ns, w, out=ns)
-            np.minimum(ns, ns_max, out=ns)
-            if split:
-                np.add(na, w, out=na)
-                np.minimum(na, ns_max, out=na)
-            if not dense:
-                s["ns"][sel] = ns
-                if split:
-                    s["na"][sel] = na
-            nai = na.astype(np.intp)
-            inv32 = np.take(self._ns_inv_ar32, nai, mode="wrap")  # 1 / min(na, ar_window)
-            pad = np.take(self._ns_pad_ar32, nai, mode="wrap")
-            a_p = inv32 if all_w else inv32 * w
-            sw, aw = self.cfg.scale_window, self.cfg.ar_window
-            same = not split or bool(np.array_equal(ns, na))
-            if (sw == aw or int(ns.max()) <= min(sw, aw)) and same:
-                a_s = a_p  # min(ns, scale_window) == min(na, ar_window): the same weights
-            else:
-                a_s = np.take(self._ns_inv_scale32, ns.astype(np.intp), mode="wrap")
-                if not all_w:
-                    a_s *= w
-        step = sig * rl
-        step *= a_b
-        mu += step
-        # Scale: stochastic approximation to the Huber proposal-2 fixed point
-        # E[min(e², c²)] = kappa, multiplicative so sigma stays positive.
-        el = phi * lprev
-        np.subtract(rl, el, out=el)
-        if self.cfg.lrv_window > 0:
-            # Long-run variance of the lagged innovations: the mean square of their EW
-            # mean over `lrv_window`. Lagged, so a fresh shift does not inflate it before
-            # it alarms.
-            # It learns only while no shift is building up: a shift the bank has not
-            # called within `history` windows (slow, or vetoed) reaches the lagged samples,
-            # and its mean would read as persistence and deflate its own evidence.
-            lm, lv = _get(s["lm"], sel), _get(s["lv"], sel)
-            # 1.0 where it learns, 0.0 else (a product and a plain add beat a masked add).
-            calm = np.maximum(run[0], run[1])
-            np.less_equal(calm, np.float32(_LRV_CALM_RUN), out=calm, casting="unsafe")
-            if ma_at is not None:
-                # ARMA cells always learn: their innovations keep more slow power than
-                # an AR(1)'s, so runs past the calm bound are common there, and a
-                # long-run variance that stopped learning would let it page.
-                calm[ma_at] = 1.0
+            a_s = np.take(self._ns_inv_scale32, ns.astype(np.intp), mode="wrap")
             if not all_w:
-                calm *= w
-            e = np.clip(el, -c, c)
-            if th_now is not None:
-                # The same recursion on the lagged innovations (their long-run variance
-                # is the ARMA innovations' in ARMA cells), u = w where theta is 0.
-                # Cells without a lagged sample keep their state.
-                ul = self._ma_recursion("ulprev", sel, el, ma_at, th_at, off)
-                if ma_at is not None and ul is not None:
-                    e[ma_at] = np.clip(ul, -c, c)
-            e -= lm
-            e *= calm
-            e *= np.float32(1.0 / self.cfg.lrv_window)
-            lm += e
-            np.multiply(lm, lm, out=e)
-            e -= lv
-            e *= a_p
-            e *= calm
-            lv += e
-            if not dense:
-                s["lm"][sel], s["lv"][sel] = lm, lv
+                a_s *= w
+        return _Rates(a_s, a_p, inv32, pad, ar_sat, ns_sat=False)
+
+    def _long_run_variance(
+        self,
+        v: _Cells,
+        el: F32,
+        run: F32,
+        w: _Mask,
+        off: I64 | None,
+        a_p: F32 | float,
+        arma: _Arma,
+    ) -> None:
+        """Update `lm`, the EW mean of the lagged innovations over `lrv_window`, and `lv`,
+        its mean square: their long-run variance. Lagged, so a fresh shift does not
+        inflate it before it alarms. It learns only while no shift is building up: a
+        shift the bank has not called within `history` windows (slow, or vetoed) reaches
+        the lagged samples, and its mean would read as persistence and deflate its own
+        evidence."""
+        c = self.cfg.clip
+        lm, lv = v["lm"], v["lv"]
+        # 1.0 where it learns, 0.0 else (a product and a plain add beat a masked add).
+        calm = np.maximum(run[0], run[1])
+        np.less_equal(calm, np.float32(_LRV_CALM_RUN), out=calm, casting="unsafe")
+        if arma.at is not None:
+            # ARMA cells always learn: their innovations keep more slow power than an
+            # AR(1)'s, so runs past the calm bound are common there, and a long-run
+            # variance that stopped learning would let it page.
+            calm[arma.at] = 1.0
+        if off is not None:
+            calm *= w
+        e = np.clip(el, -c, c)
+        if arma.theta is not None:
+            # The same recursion on the lagged innovations (their long-run variance is the
+            # ARMA innovations' in ARMA cells). Cells without a lagged sample keep theirs.
+            ul = self._ma_recursion(v, "ulprev", el, arma, off)
+            if arma.at is not None and ul is not None:
+                e[arma.at] = np.clip(ul, -c, c)
+        e -= lm
+        e *= calm
+        e *= np.float32(1.0 / self.cfg.lrv_window)
+        lm += e
+        np.multiply(lm, lm, out=e)
+        e -= lv
+        e *= a_p
+        e *= calm
+        lv += e
+        v.changed("lm", "lv")
+
+    def _scale(self, v: _Cells, el: F32, a_s: F32 | float) -> None:
+        """Scale: stochastic approximation to the Huber proposal-2 fixed point
+        E[min(e², c²)] = kappa, multiplicative so sigma stays positive; then the floors.
+        Squares `el` in place."""
+        c, mu, sig = self.cfg.clip, v["mu"], v["sig"]
         el *= el
-        np.minimum(el, self._buf("c2", size, c * c), out=el)
+        np.minimum(el, self._buf("c2", v.size, c * c), out=el)
         el *= np.float32(0.5 / self._kappa)
         el -= np.float32(0.5)
         el *= a_s
         el += np.float32(1.0)
         sig *= el
-        fmax = max(
-            self.cfg.rel_floor * max(abs(float(mu.max())), abs(float(mu.min()))), self.cfg.abs_floor
-        )
+        rel, absf = self.cfg.rel_floor, self.cfg.abs_floor
+        fmax = max(rel * max(abs(float(mu.max())), abs(float(mu.min()))), absf)
         if fmax >= float(sig.min()):
             floor = np.abs(mu)
-            floor *= self.cfg.rel_floor
-            np.maximum(floor, self.cfg.abs_floor, out=floor)
+            floor *= rel
+            np.maximum(floor, absf, out=floor)
             np.maximum(sig, floor, out=sig)
-        # AR(1): EW lag-0 / lag-1 autocovariances of the lagged deviations.
+
+    def _ar(self, v: _Cells, rl: F32, r: _Rates, idle: _Mask | None) -> tuple[F32, I64 | None]:
+        """EW lag-0/1/2 autocovariances of the lagged deviations and the AR coefficient in
+        use: a bias-corrected upper confidence bound (over-whitening costs a little power,
+        under-whitening costs false pages). Returns it and, with the MA term on, the cells
+        that are ARMA(1,1) now (None otherwise)."""
+        c0: F32 = v["c0"]
+        c1: F32 = v["c1"]
+        c2, phi = v["c2"], v["phi"]
         tmp = rl * rl
         tmp -= c0
-        tmp *= a_p
+        tmp *= r.a_p
         c0 += tmp
-        tmp = rl * lprev
+        tmp = rl * v["lprev"]
         tmp -= c1
-        tmp *= a_p
+        tmp *= r.a_p
         c1 += tmp
-        est = c1 / (c0 + _EPS32)
-        lcb = None
-        if self.cfg.ar2_margin > 0:
-            # A slow signal under measurement noise is an ARMA(1,1): its lag-1
-            # autocorrelation understates phi (0.45 for phi 0.9 under noise of the
-            # same variance), and whitening with it pages (about 100 false alarms per
-            # 1e5). phi is then c2/c1; its lower confidence bound, margin / (r1 sqrt n)
-            # below, only wins where it clearly exceeds the AR(1) bound.
-            lcb = rl * lprev2
-            lcb -= c2
-            lcb *= a_p
-            c2 += lcb
-            np.divide(c2, np.maximum(c1, _EPS32), out=lcb)
-            np.minimum(lcb, np.float32(1.0), out=lcb)  # c1 near 0 or below: no estimate
-            # margin / sqrt(min(ns, ar_window)), from a table like the AR(1) pad.
-            pad2 = (
-                self._ar2_pad32[self.cfg.ar_window]
-                if ar_sat
-                else np.take(self._ns_pad_ar2_32, na.astype(np.intp), mode="wrap")
-            )
-            r1 = np.maximum(est, np.float32(1e-3))
-            np.divide(pad2, r1, out=r1)
-            lcb -= r1
-        # Use a bias-corrected upper confidence bound on phi: over-whitening costs a
-        # little power, under-whitening costs false pages.
-        if ns_sat:
+        est: F32 = c1 / (c0 + _EPS32)
+        lcb = self._lag2_bound(v, rl, est, r) if self.cfg.ar2_margin > 0 else None
+        if r.ns_sat:
             inv = np.float32(1.0 / self.cfg.ar_window)
             est *= 1.0 + 3.0 * inv
             est += inv + np.float32(self.cfg.ar_margin) * np.sqrt(inv)
         else:
-            est += (1.0 + 3.0 * est) * inv32
-            est += pad
+            assert r.inv32 is not None  # noqa: S101 - set unless ns_sat
+            assert r.pad is not None  # noqa: S101 - set unless ns_sat
+            est += (1.0 + 3.0 * est) * r.inv32
+            est += r.pad
         at = None
         if lcb is not None:
             if self.cfg.ma_max > 0:
@@ -784,121 +974,62 @@ class BankCusum:
                     lcb[at] = np.minimum(ratio, np.float32(1.0))
             np.maximum(est, lcb, out=est)
         np.clip(est, 0.0, self.cfg.ar_max, out=est)
-        if burn is not None:
-            est[burn] = phi[burn]  # recomputing could differ in the last bit: keep it
+        if v.burn is not None:
+            est[v.burn] = phi[v.burn]  # recomputing could differ in the last bit: keep it
         phi[...] = est
-        if th_now is not None:
-            # MA(1) term where phi came from c2/c1 (a slow signal under noise): theta
-            # from the lag-1 autocorrelation rho of w = d - phi d_prev that c0, c1, c2
-            # imply (w = u - theta u_prev: theta / (1 + theta²) = -rho), at most ma_max.
-            if at is None:
-                at = np.empty(0, dtype=np.int64)
-            if ma_at is not None:
-                # Cells that were ARMA: to 0 unless recomputed below (burning ones keep it).
-                old = ma_at if idle is None else ma_at[~idle[ma_at]]
-                th_now[old] = 0.0
-            if at.size:
-                fa, a0, a1, a2 = est[at], c0[at], c1[at], c2[at]
-                p2 = fa * fa + np.float32(1.0)
-                gw0 = a0 * p2 - np.float32(2.0) * fa * a1
-                gw1 = a1 * p2 - fa * (a0 + a2)
-                r = -gw1 / np.maximum(gw0, _EPS32)
-                np.clip(r, np.float32(1e-6), np.float32(self._ma_rmax), out=r)
-                t1 = np.float32(1.0) - np.sqrt(np.float32(1.0) - np.float32(4.0) * r * r)
-                th_now[at] = t1 / (np.float32(2.0) * r)
-            if not dense and (at.size or ma_at is not None):
-                s["theta"][sel] = th_now
-        keep = None if off is None else lprev[off]
-        if self.cfg.ar2_margin > 0:
-            keep2 = None if off is None else lprev2[off]
-            lprev2[...] = lprev
-            if keep2 is not None:
-                lprev2[off] = keep2
-        lprev[...] = rl
-        if keep is not None:
-            lprev[off] = keep
-        if not dense:
-            for name, arr in (("mu", mu), ("sig", sig), ("phi", phi), ("c0", c0), ("c1", c1)):
-                s[name][sel] = arr
-            s["dprev"][sel], s["lprev"][sel] = dprev, lprev
-            s["c2"][sel], s["lprev2"][sel] = c2, lprev2
+        return est, at
 
-        if jumped is None and not fire:
-            return Detections.empty()
-        stat = bank.max(axis=0)
-        hit = stat > h32
-        if jumped is not None:
-            hit |= jumped
-            np.maximum(stat, h32, out=stat, where=jumped)
-        idx = np.flatnonzero(hit)
-        return self._alarm(_cells_of(sel)[idx], t[idx], stat[idx].astype(np.float64))
+    def _lag2_bound(self, v: _Cells, rl: F32, est: F32, r: _Rates) -> F32:
+        """Update the lag-2 autocovariance; the lower confidence bound of c2/c1.
 
-    def _ma_recursion(
-        self,
-        name: str,
-        sel: slice | I64,
-        w: F32,
-        ma_at: I64 | None,
-        th_at: F32 | None,
-        keep: I64 | None,
-    ) -> F32 | None:
-        """Advance the MA state `name`: u = w + theta u_prev in the ARMA cells `ma_at`, u = w
-        elsewhere, bounded at dclip; cells at `keep` keep theirs. The ARMA cells' u in its
-        own sigmas (u sqrt(1 + theta²)), or None when there are none."""
-        prev = _get(self._s[name], sel)
-        u_at = None
-        if ma_at is not None and th_at is not None:
-            u_at = th_at * prev[ma_at]
-            u_at += w[ma_at]
-            np.clip(u_at, -self._dclip, self._dclip, out=u_at)
-        kept = None if keep is None else prev[keep]
-        np.clip(w, -self._dclip, self._dclip, out=prev)
-        if ma_at is not None and u_at is not None and th_at is not None:
-            prev[ma_at] = u_at
-            u_at = u_at * np.sqrt(th_at * th_at + np.float32(1.0))
-        if keep is not None and kept is not None:
-            prev[keep] = kept
-        if not isinstance(sel, slice):
-            self._s[name][sel] = prev
-        return u_at
-
-    def _jump_runs(
-        self, sel: slice | I64, dz: F32, phi: F32, marg: F32, ns: I32, burn: I64 | None
-    ) -> npt.NDArray[np.bool_] | None:
-        """Count consecutive windows beyond `jump` marginal sigmas on one side; the mask of
-        cells whose run reached `jump_windows` (None when none did).
-
-        A step of many sigmas is obvious long before the bank's capped steps add up to h.
-        `jump_windows` windows in a row beyond `jump` sigmas of the level's own spread is
-        rare under any tail the front-end admits (Student-t3: about 1e-8 per window), so
-        the rule is safe without a threshold of its own. Under autocorrelation one huge
-        innovation also stays beyond the bound for a few windows, decaying as phi^k; a
-        run only grows when its window is not that decay: it must exceed phi times the
-        previous deviation by half of what a step at the bound would add, jump*(1-phi)/2.
+        A slow signal under measurement noise is an ARMA(1,1): its lag-1 autocorrelation
+        understates phi, and whitening with it pages. phi is then c2/c1; its lower
+        confidence bound, margin / (r1 sqrt n) below, only wins where it clearly exceeds
+        the AR(1) bound.
         """
-        jr, jm = _get(self._s["jr"], sel), _get(self._s["jm"], sel)
-        m = marg * dz
-        j32 = np.float32(self.cfg.jump)
-        # Windows beyond the bound are rare: extend those runs; every other run is +0.
-        new = np.zeros(m.size, dtype=np.float32)
-        for side, at in ((1.0, np.flatnonzero(m > j32)), (-1.0, np.flatnonzero(m < -j32))):
-            if not at.size:
-                continue
-            sgn = np.float32(side)
-            p_at, run = phi[at], jr[at] * sgn
-            # The innovation of this window in marginal sigmas, towards the run's side.
-            fresh = (m[at] - p_at * jm[at]) * sgn
-            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
-            new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
-        if int(ns.min()) < _JUMP_AFTER:
-            new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
-        if burn is not None:
-            new[burn], m[burn] = jr[burn], jm[burn]
-        # Through the state arrays: a slice writes in place, an index array scatters.
-        self._s["jr"][sel], self._s["jm"][sel] = new, m
-        np.abs(new, out=new)
-        reached = new >= np.float32(self.cfg.jump_windows)
-        return reached if bool(reached.any()) else None
+        c1, c2 = v["c1"], v["c2"]
+        lcb: F32 = rl * v["lprev2"]
+        lcb -= c2
+        lcb *= r.a_p
+        c2 += lcb
+        np.divide(c2, np.maximum(c1, _EPS32), out=lcb)
+        np.minimum(lcb, np.float32(1.0), out=lcb)  # c1 near 0 or below: no estimate
+        # margin / sqrt(min(na, ar_window)), from a table like the AR(1) pad.
+        pad2 = (
+            self._ar2_pad32[self.cfg.ar_window]
+            if r.ar_sat
+            else np.take(self._ns_pad_ar2_32, v.na().astype(np.intp), mode="wrap")
+        )
+        r1 = np.maximum(est, np.float32(1e-3))
+        np.divide(pad2, r1, out=r1)
+        lcb -= r1
+        return lcb
+
+    def _ma_theta(
+        self, v: _Cells, est: F32, at: I64 | None, arma: _Arma, idle: _Mask | None
+    ) -> None:
+        """The MA(1) coefficient where phi came from c2/c1 (a slow signal under noise):
+        theta from the lag-1 autocorrelation rho of w = d - phi d_prev that c0, c1, c2
+        imply (w = u - theta u_prev: theta / (1 + theta²) = -rho), at most ma_max; 0 in
+        the other cells (riding ones keep theirs)."""
+        theta = arma.theta
+        assert theta is not None  # noqa: S101 - only called with the MA term on
+        if at is None:
+            at = np.empty(0, dtype=np.int64)
+        if arma.at is not None:
+            old = arma.at if idle is None else arma.at[~idle[arma.at]]
+            theta[old] = 0.0
+        if at.size:
+            fa, a0, a1, a2 = est[at], v["c0"][at], v["c1"][at], v["c2"][at]
+            p2 = fa * fa + np.float32(1.0)
+            gw0 = a0 * p2 - np.float32(2.0) * fa * a1
+            gw1 = a1 * p2 - fa * (a0 + a2)
+            r = -gw1 / np.maximum(gw0, _EPS32)
+            np.clip(r, np.float32(1e-6), np.float32(self._ma_rmax), out=r)
+            t1 = np.float32(1.0) - np.sqrt(np.float32(1.0) - np.float32(4.0) * r * r)
+            theta[at] = t1 / (np.float32(2.0) * r)
+        if at.size or arma.at is not None:
+            v.changed("theta")
 
     # -- rare paths: alarms and baselines --------------------------------------------
     def _chrono(self, cells: I64) -> tuple[F64, F64]:
