@@ -216,46 +216,11 @@ class BankCusum:
             raise ValueError("n_metrics must be >= 1")
         self.n_metrics = int(n_metrics)
         self.cfg = BankParams(**params)
+        self._derive()
         # Whether any cell's AR count differs from its scale count (a warm start borrowed):
-        # until then the hot path reads and updates one count, as before warm starts.
+        # until then the hot path reads and updates one count.
         self._split = False
         self._warm = WarmStarts()
-        self._ma_rmax = self.cfg.ma_max / (1.0 + self.cfg.ma_max**2)  # lag-1 |rho| of w at ma_max
-        if self.cfg.n_shifts == 1:
-            self.shifts = np.array([self.cfg.min_shift])
-        else:
-            self.shifts = np.geomspace(self.cfg.min_shift, self.cfg.max_shift, self.cfg.n_shifts)
-        self._mature_at = np.ceil(self.cfg.maturity / self.shifts**2).astype(np.int64)
-        self._kappa = clipped_second_moment(self.cfg.clip)
-        self._dclip = self.cfg.clip * (
-            1.0 + self.cfg.ar_max
-        )  # bound on raw deviations, sigma units
-        self._ns_max = max(self.cfg.scale_window, self.cfg.ar_window)
-        self._youth_until = math.ceil(32.0 * self.cfg.youth)  # the shrink is < 3% from here on
-        # 1 / count up to the longest window: the level's count runs to baseline_window.
-        longest = max(self._ns_max, self.cfg.baseline_window)
-        cnt = np.maximum(np.arange(longest + 1, dtype=np.float64), 1.0)
-        self._inv_n32 = (1.0 / cnt).astype(np.float32)
-        self._ar_pad32 = (self.cfg.ar_margin / np.sqrt(cnt)).astype(np.float32)
-        self._ar2_pad32 = (self.cfg.ar2_margin / np.sqrt(cnt)).astype(np.float32)
-        # Long-run variance ratio: `lv` over its white-noise value kappa / (2L - 1) (the
-        # variance of an EW mean of window L), and that ratio's noise margin at n samples
-        # (about L-sample blocks carry one value each: standard error sqrt(2L / n)).
-        lw = max(self.cfg.lrv_window, 1)
-        self._lrv_unit = (2.0 * lw - 1.0) / self._kappa
-        self._lrv_pad32 = (self.cfg.lrv_margin * np.sqrt(2.0 * lw / cnt)).astype(np.float32)
-        # Tables by the scale / AR count ns (0..ns_max, saturating), min(ns, window) baked in:
-        # every index is in range, so the cheapest take (mode="wrap", intp indices) serves.
-        k_ar = np.minimum(np.arange(self._ns_max + 1), self.cfg.ar_window)
-        k_sc = np.minimum(np.arange(self._ns_max + 1), self.cfg.scale_window)
-        self._ns_inv_ar32 = self._inv_n32[k_ar]
-        self._ns_inv_scale32 = self._inv_n32[k_sc]
-        self._ns_pad_ar32 = self._ar_pad32[k_ar]
-        self._ns_pad_ar2_32 = self._ar2_pad32[k_ar]
-        self._ns_pad_lrv32 = self._lrv_pad32[k_ar]
-        ages = np.maximum(np.arange(self._youth_until + 1, dtype=np.float64), 1.0)
-        self._youth_u = np.clip(1.0 - self.cfg.youth / ages, 0.0, 1.0).astype(np.float32)
-        self._youth_u[-1] = 1.0
         self._buf32: dict[str, F32] = {}
         self._cap = 0  # rows
         self._s: dict[str, np.ndarray] = {}
@@ -267,6 +232,44 @@ class BankCusum:
         # What became of alarms since the last `drain_stats` (process counters, not state).
         self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
         bank_state.grow(self, max(int(capacity), 1))
+
+    def _derive(self) -> None:
+        """The shift grid, constants and per-count tables the parameters imply."""
+        p = self.cfg
+        self._ma_rmax = p.ma_max / (1.0 + p.ma_max**2)  # lag-1 |rho| of w at ma_max
+        if p.n_shifts == 1:
+            self.shifts = np.array([p.min_shift])
+        else:
+            self.shifts = np.geomspace(p.min_shift, p.max_shift, p.n_shifts)
+        self._mature_at = np.ceil(p.maturity / self.shifts**2).astype(np.int64)
+        self._kappa = clipped_second_moment(p.clip)
+        self._dclip = p.clip * (1.0 + p.ar_max)  # bound on raw deviations, sigma units
+        self._ns_max = max(p.scale_window, p.ar_window)
+        self._youth_until = math.ceil(32.0 * p.youth)  # the shrink is < 3% from here on
+        # 1 / count up to the longest window: the level's count runs to baseline_window.
+        longest = max(self._ns_max, p.baseline_window)
+        cnt = np.maximum(np.arange(longest + 1, dtype=np.float64), 1.0)
+        self._inv_n32 = (1.0 / cnt).astype(np.float32)
+        self._ar_pad32 = (p.ar_margin / np.sqrt(cnt)).astype(np.float32)
+        self._ar2_pad32 = (p.ar2_margin / np.sqrt(cnt)).astype(np.float32)
+        # Long-run variance ratio: `lv` over its white-noise value kappa / (2L - 1) (the
+        # variance of an EW mean of window L), and that ratio's noise margin at n samples
+        # (about L-sample blocks carry one value each: standard error sqrt(2L / n)).
+        lw = max(p.lrv_window, 1)
+        self._lrv_unit = (2.0 * lw - 1.0) / self._kappa
+        self._lrv_pad32 = (p.lrv_margin * np.sqrt(2.0 * lw / cnt)).astype(np.float32)
+        # Tables by the scale / AR count ns (0..ns_max, saturating), min(ns, window) baked in:
+        # every index is in range, so the cheapest take (mode="wrap", intp indices) serves.
+        k_ar = np.minimum(np.arange(self._ns_max + 1), p.ar_window)
+        k_sc = np.minimum(np.arange(self._ns_max + 1), p.scale_window)
+        self._ns_inv_ar32 = self._inv_n32[k_ar]
+        self._ns_inv_scale32 = self._inv_n32[k_sc]
+        self._ns_pad_ar32 = self._ar_pad32[k_ar]
+        self._ns_pad_ar2_32 = self._ar2_pad32[k_ar]
+        self._ns_pad_lrv32 = self._lrv_pad32[k_ar]
+        ages = np.maximum(np.arange(self._youth_until + 1, dtype=np.float64), 1.0)
+        self._youth_u = np.clip(1.0 - p.youth / ages, 0.0, 1.0).astype(np.float32)
+        self._youth_u[-1] = 1.0
 
     # -- parameters and state ------------------------------------------------
     @classmethod
@@ -447,7 +450,7 @@ class BankCusum:
         `absent` (positions within a slice) are cells not in the wave: they ride along
         like burning cells, and their count, ring slot and ring position stay as they are.
         """
-        s, hist = self._s, self.cfg.history
+        s = self._s
         dense = isinstance(sel, slice)
         holes = absent if dense and absent is not None and absent.size else None
         here = None  # mask of the cells present, when some are absent
@@ -461,6 +464,30 @@ class BankCusum:
         if int(n_new.max()) > _N_MAX:
             np.minimum(n_new, _N_MAX, out=n_new)
         s["n"][sel] = n_new
+        xl = self._ring_step(sel, x, t, holes, here)
+        burn = holes
+        if int(n_new.min()) <= self.cfg.burn_in:
+            # Cells still burning in ride along with z = 0 and no baseline update, so the
+            # wave keeps its fast layout; those completing burn-in get their baseline now.
+            burning = n_new <= self.cfg.burn_in
+            if burn is not None:
+                burning[burn] = False
+            done = np.flatnonzero(burning & (n_new == self.cfg.burn_in))
+            if done.size:
+                self._baseline(_cells_of(sel)[done])
+            burning_at = np.flatnonzero(burning)
+            # Disjoint from the absent cells (masked above), so a plain concatenation.
+            burn = burning_at if burn is None else np.concatenate([burn, burning_at])
+        return self._active(sel, x, t, xl, n_new, burn)
+
+    def _ring_step(
+        self, sel: slice | I64, x: F64, t: F64, holes: I64 | None, here: _Mask | None
+    ) -> F64:
+        """Write the wave's samples into the ring; the samples they replace (NaN where a
+        slot was empty). Absent cells (`holes`, with `here` their complement) keep their
+        slot, and their ring position stays."""
+        s, hist = self._s, self.cfg.history
+        dense = isinstance(sel, slice)
         pos = _get(s["pos"], sel)
         p0 = int(pos[0])
         if dense and bool((pos == p0).all()):
@@ -499,20 +526,7 @@ class BankCusum:
             pos *= pos != hist  # wrap around
             if not dense:
                 s["pos"][sel] = pos
-        burn = holes
-        if int(n_new.min()) <= self.cfg.burn_in:
-            # Cells still burning in ride along with z = 0 and no baseline update, so the
-            # wave keeps its fast layout; those completing burn-in get their baseline now.
-            burning = n_new <= self.cfg.burn_in
-            if burn is not None:
-                burning[burn] = False
-            done = np.flatnonzero(burning & (n_new == self.cfg.burn_in))
-            if done.size:
-                self._baseline(_cells_of(sel)[done])
-            burning_at = np.flatnonzero(burning)
-            # Disjoint from the absent cells (masked above), so a plain concatenation.
-            burn = burning_at if burn is None else np.concatenate([burn, burning_at])
-        return self._active(sel, x, t, xl, n_new, burn)
+        return xl
 
     def _active(
         self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
@@ -1040,17 +1054,54 @@ class BankCusum:
         return vals, times
 
     def _alarm(self, cells: I64, t: F64, stat: F64) -> Detections:
-        s, k, hist = self._s, self.n_metrics, self.cfg.history
+        """What the alarms of `cells` (at times `t`, statistics `stat`) became: each gets
+        an onset, the spread veto may drop it, and one whose effect is below
+        `min_rel_change` re-baselines silently. Every alarm that stands re-baselines."""
+        s, k = self._s, self.n_metrics
         vals, times = self._chrono(cells)
         mu = s["mu"][cells]
-        fin = np.isfinite(vals)
         bank = self._bank[:, cells]
         jr = s["jr"][cells]
         jumped = np.abs(jr) >= self.cfg.jump_windows
         up = np.where(jumped, jr > 0, bank[0::2].max(axis=0) >= bank[1::2].max(axis=0))
+        d, first = self._split_point(cells, vals, mu, up)
+        onset = self._onset(cells, t, times, np.isfinite(vals), first, bank, up, jumped)
+        post = np.isfinite(vals) & (np.arange(self.cfg.history) >= first[:, None])
+        if self.cfg.spread_veto > 0:
+            keep = self._spread_veto(cells, stat, vals, post, mu, d, jumped)
+            if not keep.all():
+                cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]
+                vals, post, onset = vals[keep], post[keep], onset[keep]
+                if not cells.size:
+                    return Detections.empty()
+        after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
+        before = mu
+        big = np.abs(after - before) >= self.cfg.min_rel_change * np.maximum(
+            np.abs(before), self.cfg.abs_floor
+        )
+        n_big = int(np.count_nonzero(big))
+        self._stats["reported"] += n_big
+        self._stats["below_min_change"] += int(big.size) - n_big
+        self._rebaseline(cells, vals, post)
+        return Detections(
+            rows=cells[big] // k,
+            cols=cells[big] % k,
+            detected_ts=t[big] + self._t0,
+            onset_ts=onset[big] + self._t0,
+            before=before[big],
+            after=after[big],
+            score=stat[big] / self.cfg.h,
+        )
+
+    def _split_point(self, cells: I64, vals: F64, mu: F64, up: _Mask) -> tuple[F64, I64]:
+        """The maximum-likelihood split of each alarming cell's ring against its known
+        level: the suffix maximising (signed suffix sum)² / suffix length. Returns the
+        signed, bounded deviations and the chronological index of the first post-change
+        sample (the oldest valid one when no suffix leans the alarm's way, e.g. when
+        whitening made the alarm)."""
+        s = self._s
+        fin = np.isfinite(vals)
         sign = np.where(up, 1.0, -1.0)
-        # Onset: maximum-likelihood split against the known baseline level, i.e. the
-        # suffix maximising (signed suffix sum)² / suffix length.
         d = np.where(fin, (vals - mu[:, None]) * sign[:, None], 0.0)
         # Deviations bounded, so that one outlier left in the ring cannot drag the split
         # towards itself: at `clip` marginal sigmas (a looser bound, the front-end's, let one
@@ -1069,13 +1120,24 @@ class BankCusum:
         cnt = np.cumsum(fin[:, ::-1], axis=1)[:, ::-1]
         gain = np.where(fin & (suf > 0), suf * suf / np.maximum(cnt, 1), -1.0)
         oldest = np.argmax(fin, axis=1)
-        # Chronological index of the first post-change sample (the oldest valid one when no
-        # suffix leans the alarm's way, e.g. when whitening made the alarm).
         first = np.where(gain.max(axis=1) > 0, gain.argmax(axis=1), oldest)
+        return d, first
+
+    def _onset(
+        self,
+        cells: I64,
+        t: F64,
+        times: F64,
+        fin: _Mask,
+        first: I64,
+        bank: F32,
+        up: _Mask,
+        jumped: _Mask,
+    ) -> F64:
+        """The onset: the end of the last window before the split (the first post-change
+        sample's own time when the split is at the ring's oldest slot)."""
         rix = np.arange(cells.size)
         onset = times[rix, np.maximum(first - 1, 0)]
-        # No earlier time known (the split is at the ring's oldest slot): the first
-        # post-change sample's own time.
         onset = np.where((first > 0) & np.isfinite(onset), onset, times[rix, first])
         # A shift slow enough that only the smallest member fired may have begun before the
         # ring: then extrapolate that member's run back at the ring's median spacing.
@@ -1089,54 +1151,48 @@ class BankCusum:
             onset[early] = np.where(
                 np.isfinite(spacing), t[early] - run[early] * spacing, onset[early]
             )
-        post = fin & (np.arange(hist) >= first[:, None])
-        if self.cfg.spread_veto > 0:
-            # A burst of spread is not a shift of level: an alarm whose recent windows
-            # spread much wider than the scale its evidence assumed is vetoed, and that
-            # evidence is rescaled to the local spread (the CUSUM goes on from there).
-            r2 = self._local_spread2(cells, vals, post, mu)
-            # Unless the shift stands at the local spread too: the post-change segment's
-            # GLR with the variance r2 times larger reaches 2h (2h: the split picked the
-            # segment that maximises it). A 40% step whose noise grew with the level is
-            # still a step; a burst's lean is not.
-            n_post = post.sum(axis=1)
-            lean = np.where(post, d, 0.0).sum(axis=1) / np.maximum(n_post, 1)
-            lean *= (1.0 - s["phi"][cells]) / s["sig"][cells]
-            glr = 0.5 * n_post * lean * lean / r2
-            # And unless the vetoes have kept coming for longer than a burst lasts: a
-            # shift whose noise also grew (thermal throttling: lower and jumpier) would
-            # otherwise wait for the slow scale. An alarm whose level did not move then
-            # meets `min_rel_change` like any other.
-            n_now = s["n"][cells].astype(np.int64)
-            vfirst, vlast = s["vfirst"][cells], s["vlast"][cells]
-            recurring = (vlast > 0) & (n_now - vlast <= _SPREAD_PERSIST)
-            persists = recurring & (n_now - vfirst >= _SPREAD_PERSIST)
-            keep = (
-                jumped
-                | (r2 <= self.cfg.spread_veto**2 * stat / self.cfg.h)
-                | (glr >= 2.0 * self.cfg.h)
-            )
-            keep |= persists
-            if not keep.all():
-                drop = cells[~keep]
-                self._stats["vetoed"] += int(drop.size)
-                s["vfirst"][drop] = np.where(recurring[~keep], vfirst[~keep], n_now[~keep])
-                s["vlast"][drop] = n_now[~keep]
-                self._bank[:, drop] /= r2[~keep].astype(np.float32)
-                cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]
-                vals, post, onset = vals[keep], post[keep], onset[keep]
-                if not cells.size:
-                    return Detections.empty()
-        after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
-        before = mu
-        big = np.abs(after - before) >= self.cfg.min_rel_change * np.maximum(
-            np.abs(before), self.cfg.abs_floor
-        )
-        n_big = int(np.count_nonzero(big))
-        self._stats["reported"] += n_big
-        self._stats["below_min_change"] += int(big.size) - n_big
+        return onset
 
-        # Re-baseline every alarming cell on its post-onset samples; drop the older ones.
+    def _spread_veto(
+        self, cells: I64, stat: F64, vals: F64, post: _Mask, mu: F64, d: F64, jumped: _Mask
+    ) -> _Mask:
+        """Which alarms stand; a vetoed one's evidence is divided by the local spread ratio.
+
+        A burst of spread is not a shift of level: an alarm whose recent windows spread
+        much wider than the scale its evidence assumed is vetoed, and that evidence is
+        rescaled to the local spread (the CUSUM goes on from there). Unless the shift
+        stands at the local spread too: the post-change segment's GLR with the variance r2
+        times larger reaches 2h (2h: the split picked the segment that maximises it); a
+        step whose noise grew with the level is still a step, a burst's lean is not. And
+        unless the vetoes have kept coming for longer than a burst lasts: a shift whose
+        noise also grew (thermal throttling: lower and jumpier) would otherwise wait for
+        the slow scale; an alarm whose level did not move then meets `min_rel_change`.
+        """
+        s = self._s
+        r2 = self._local_spread2(cells, vals, post, mu)
+        n_post = post.sum(axis=1)
+        lean = np.where(post, d, 0.0).sum(axis=1) / np.maximum(n_post, 1)
+        lean *= (1.0 - s["phi"][cells]) / s["sig"][cells]
+        glr = 0.5 * n_post * lean * lean / r2
+        n_now = s["n"][cells].astype(np.int64)
+        vfirst, vlast = s["vfirst"][cells], s["vlast"][cells]
+        recurring = (vlast > 0) & (n_now - vlast <= _SPREAD_PERSIST)
+        persists = recurring & (n_now - vfirst >= _SPREAD_PERSIST)
+        keep: _Mask = (
+            jumped | (r2 <= self.cfg.spread_veto**2 * stat / self.cfg.h) | (glr >= 2.0 * self.cfg.h)
+        )
+        keep |= persists
+        if not keep.all():
+            drop = cells[~keep]
+            self._stats["vetoed"] += int(drop.size)
+            s["vfirst"][drop] = np.where(recurring[~keep], vfirst[~keep], n_now[~keep])
+            s["vlast"][drop] = n_now[~keep]
+            self._bank[:, drop] /= r2[~keep].astype(np.float32)
+        return keep
+
+    def _rebaseline(self, cells: I64, vals: F64, post: _Mask) -> None:
+        """Restart alarming cells from their post-onset samples; the older ones go."""
+        s, hist = self._s, self.cfg.history
         s["jr"][cells] = 0.0
         s["jm"][cells] = 0.0
         s["vfirst"][cells] = 0
@@ -1152,15 +1208,6 @@ class BankCusum:
         ready = k_post >= self.cfg.burn_in
         if ready.any():
             self._baseline(cells[ready])
-        return Detections(
-            rows=cells[big] // k,
-            cols=cells[big] % k,
-            detected_ts=t[big] + self._t0,
-            onset_ts=onset[big] + self._t0,
-            before=before[big],
-            after=after[big],
-            score=stat[big] / self.cfg.h,
-        )
 
     def _local_spread2(self, cells: I64, vals: F64, post: npt.NDArray[np.bool_], mu: F64) -> F64:
         """Squared ratio of the ring's recent spread to the cell's scale (>= 1; 1 if unknown).

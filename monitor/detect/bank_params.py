@@ -149,41 +149,50 @@ class BankParams:
         self._validate()
 
     def _validate(self) -> None:
-        if not (self.h > 0 and self.clip > 0 and self.step_cap > 0):
-            raise ValueError("h, clip and step_cap must be > 0")
-        if not (0 < self.min_shift <= self.max_shift and self.n_shifts >= 1):
-            raise ValueError("0 < min_shift <= max_shift and n_shifts >= 1 required")
-        if not 3 <= self.burn_in <= self.history:
-            raise ValueError("3 <= burn_in <= history required")
+        """ValueError naming the first rule the values break."""
         windows = (self.baseline_window, self.scale_window, self.ar_window)
-        if min(windows) < 1 or not 0 <= self.ar_max < 1:
-            raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
-        if (
-            self.spread_veto < 0
-            or self.ar2_margin < 0
-            or self.lrv_window < 0
-            or self.lrv_margin < 0
-        ):
-            raise ValueError(
-                "spread_veto, ar2_margin, lrv_window (0 = off) and lrv_margin >= 0 required"
-            )
-        if not 0 <= self.ma_max < 1:
-            raise ValueError("0 <= ma_max < 1 required (0 = no MA term)")
-        if self.warm_start < 0:
-            raise ValueError("warm_start >= 0 required (0 = off)")
-        if self.jump < 0 or self.jump_windows < 2:
-            raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
+        offs = (self.spread_veto, self.ar2_margin, self.lrv_window, self.lrv_margin)
         nonneg = (self.youth, self.maturity, self.ar_margin, self.rel_floor, self.min_rel_change)
-        if min(nonneg) < 0 or self.abs_floor <= 0:
-            raise ValueError(
-                "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, abs_floor > 0 required"
-            )
-        if self.rel_floor < REL_FLOOR_MIN:
-            # One series at 1e8 with unit noise and no floor pages on rounding noise.
-            raise ValueError(
+        broken = (
+            (
+                not (self.h > 0 and self.clip > 0 and self.step_cap > 0),
+                "h, clip and step_cap must be > 0",
+            ),
+            (
+                not (0 < self.min_shift <= self.max_shift and self.n_shifts >= 1),
+                "0 < min_shift <= max_shift and n_shifts >= 1 required",
+            ),
+            (not 3 <= self.burn_in <= self.history, "3 <= burn_in <= history required"),
+            (
+                min(windows) < 1 or not 0 <= self.ar_max < 1,
+                "windows >= 1 and 0 <= ar_max < 1 required",
+            ),
+            (
+                any(v < 0 for v in offs),
+                "spread_veto, ar2_margin, lrv_window (0 = off) and lrv_margin >= 0 required",
+            ),
+            (not 0 <= self.ma_max < 1, "0 <= ma_max < 1 required (0 = no MA term)"),
+            (self.warm_start < 0, "warm_start >= 0 required (0 = off)"),
+            (
+                self.jump < 0 or self.jump_windows < 2,
+                "jump >= 0 (0 = off) and jump_windows >= 2 required",
+            ),
+            (
+                min(nonneg) < 0 or self.abs_floor <= 0,
+                "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, "
+                "abs_floor > 0 required",
+            ),
+            # A scale under the ring's float32 rounding step is rounding noise: a series at
+            # 1e8 with unit noise and no floor pages on it.
+            (
+                self.rel_floor < REL_FLOOR_MIN,
                 f"rel_floor >= {REL_FLOOR_MIN:.3g} required: the ring holds float32 samples, "
-                "so a smaller scale relative to the level is rounding noise"
-            )
+                "so a smaller scale relative to the level is rounding noise",
+            ),
+        )
+        for bad, message in broken:
+            if bad:
+                raise ValueError(message)
 
     def as_dict(self) -> dict[str, Any]:
         """The parameters by name, in field order."""
