@@ -1,74 +1,32 @@
 """The default engine: a bank of one-sided CUSUMs behind a robust, lagged front-end.
 
-Per (stream, metric) cell, vectorised over all cells of a wave:
+Per (stream, metric) cell, vectorised over all cells of a wave (docs/detection.md
+has the full account and the parameters' effects, docs/tuning.md the table):
 
-1. **Burn-in.** The first `burn_in` samples give a median level, an AR(1)
-   coefficient and a Huber (proposal 2) scale of the AR innovations. With
-   `warm_start` and families given, a stream whose burn-in agrees with its
-   family's instead borrows a mature family member's AR and long-run variance
-   estimates, credited as `warm_start` samples; each fresh ring while the credit
-   outweighs its own samples is reviewed, and a borrower that proves more
-   persistent drops them (`monitor.detect.bank_warm`).
-2. **Front-end.** Each sample becomes a standardised innovation
-   ``z = (d - phi * d_prev) / sigma`` with ``d = x - level``, clipped at
-   ±`clip`. Where d or d_prev lies beyond ``clip * (1 + ar_max)`` sigmas,
-   the pair is scaled down together to that bound first, so the geometric
-   decay of a heavy-tailed shock whitens to nothing. Pre-whitening removes
-   AR(1) autocorrelation; `phi` is an upper confidence bound, because
-   under-whitening pages and over-whitening only slows. The Huber scale
-   gives the clipped innovations unit second moment under heavy tails too,
-   so one threshold holds across noise shapes. A slow
-   signal under measurement noise is an ARMA(1,1), whose lag-1
-   autocorrelation understates phi: phi is also at least the lower
-   confidence bound of the lag-2 / lag-1 autocovariance ratio. Opt-in
-   (`ma_max` > 0): where that bound clearly beats the AR(1) bound, phi is
-   the ratio itself and an MA(1) term, ``u = w + theta * u_prev`` with
-   ``w = d - phi * d_prev`` and theta from w's lag-1 autocorrelation (at
-   most `ma_max`), undoes what it over-whitens; z is u in its own sigmas,
-   and the level's marginal spread there is ``sqrt(c0)``. A slow
-   wander under heavy noise can leave persistence in that neither catches:
-   ``z`` is also divided by the square root of the innovations' long-run
-   variance ratio (from the mean square of their EW mean over `lrv_window`
-   windows), less two standard errors (MA cells: the point estimate), so
-   white and AR(1) cells are left alone. While the baseline is young, ``z``
-   is shrunk by ``1 - youth / n``.
-3. **Bank.** One-sided CUSUMs in log-likelihood-ratio units for a geometric
-   grid of shift sizes ``delta`` (sigma units), up and down:
-   ``S = max(0, S + min(±delta*z - delta²/2, step_cap))``. The largest
-   statistic approximates the GLR for a shift of unknown size; ``S > h``
-   alarms. `clip` and `step_cap` bound what one window adds, so single- or
-   double-window outliers cannot alarm. A member only votes once its level
-   rests on ``maturity / delta²`` samples (a small-shift CUSUM is only as good
-   as the baseline it is measured against).
-   **Jump rule.** Independently of the bank, `jump_windows` (3) windows in a row
-   beyond `jump` (6) sigmas of the level's own spread, on one side, alarm: a
-   huge step is then found on its third window instead of after the capped
-   steps add up to h (five). Heavy tails almost never produce such a run
-   (Student-t3: ~1e-8 per window). Under AR(1) one huge shock stays beyond
-   the bound while it decays (phi^k), so a window only extends a run when it
-   is not that decay. The rule waits until the scale rests on 128 samples.
-4. **Lagged baseline.** Each cell keeps a ring of its last `history` samples.
-   Level, scale and AR coefficient adapt slowly (windows of `baseline_window`,
-   `scale_window`, `ar_window` samples) from the sample leaving the ring, i.e.
-   `history` samples late, so a fresh shift is not absorbed before it alarms.
-   They see deviations bounded at `clip` marginal sigmas, so that spikes do
-   not drag phi down (under-whitening pages).
-5. **On alarm.** The onset is the maximum-likelihood split of the ring against
-   the known baseline (or, for a slow shift that began before the ring, the
-   start of the smallest member's run); deviations in the split are bounded so
-   one outlier left in the ring cannot drag it; `after` is the median since onset.
-   **Spread veto.** A burst of spread (3x for 20 windows) random-walks the
-   clipped evidence past h although the level never moved. So an alarm whose
-   last 16 successive differences spread wider than `spread_veto`² × stat/h
-   times the variance its evidence assumed is dropped, and its statistics are
-   divided by that ratio (the evidence re-measured at the local spread),
-   unless the post-change segment's own GLR at that spread still reaches 2h,
-   or the vetoes have kept coming for 32 windows (a spread that persists is
-   no burst: a shift that also made the noise jumpier must not wait for the
-   slow scale). Differences are blind to a level step, so real shifts pass.
-   The cell re-baselines on its post-onset samples (burning in the rest).
-   Alarms whose effect is below `min_rel_change` of the level re-baseline
-   silently, without a detection.
+1. Burn-in: the first `burn_in` samples give a median level, an AR(1) coefficient
+   and a Huber (proposal 2) scale of the AR innovations, or a family member's
+   estimates (`bank_warm`).
+2. Front-end: each sample becomes an AR(1)-whitened innovation in sigmas, clipped
+   at `clip`; with the opt-in MA term, ARMA(1,1) cells also undo the MA part. The
+   AR coefficient in use is an upper confidence bound, because under-whitening
+   pages and over-whitening only slows. The innovations are deflated by their
+   long-run variance ratio (persistence the whitening left in) and, while the
+   baseline is young, shrunk.
+3. Bank: one-sided CUSUMs in log-likelihood-ratio units for a geometric grid of
+   shift sizes, up and down; `step_cap` bounds what one window adds, so single- or
+   double-window outliers cannot alarm. A member votes only once its level rests
+   on enough samples for its shift size. The jump rule alarms on a run of windows
+   far beyond the level's spread, long before the capped steps add up to `h`.
+4. Lagged baseline: level, scale and AR estimates learn from the sample leaving
+   the ring of the last `history` samples, so a fresh shift is not absorbed before
+   it alarms.
+5. Alarm: the onset is the maximum-likelihood split of the ring against the
+   level; the spread veto drops alarms made by a burst of spread rather than a
+   shift of level; alarms below `min_rel_change` re-baseline silently. The cell
+   re-baselines on its post-onset samples.
+
+Hot-path arrays are float32 where the statistics need no more; a wave's cells are
+views for a contiguous block of rows and gathered copies otherwise (`_Cells`).
 """
 
 from __future__ import annotations
@@ -402,7 +360,7 @@ class BankCusum:
                 order = slot[present]
                 if order.size == n:
                     # The sorted ids are where the slots are set (no gather); `take`
-                    # gathers the rest at about half the cost of fancy indexing.
+                    # gathers the rest faster than fancy indexing.
                     rows = np.flatnonzero(present)
                     ts, values = np.take(ts, order), np.take(values, order, axis=0)
                     ascending = True
@@ -503,9 +461,9 @@ class BankCusum:
                 pos[holes] = p0
         else:
             # Slots scattered over the ring's rows (cells that missed windows fell behind):
-            # nearly every slot is a cache line of its own, so this costs about as much as
-            # the rest of the wave. Touch each slot once, and cast before scattering (a
-            # casting scatter is twice as slow).
+            # nearly every slot is a cache line of its own, so this is the wave's costliest
+            # step. Touch each slot once, and cast before scattering (a casting scatter is
+            # slower).
             ring, tring = self._ring.reshape(-1), self._tring.reshape(-1)
             flat = pos * np.int64(self._ring.shape[1])
             flat += _cells_of(sel)
@@ -624,8 +582,8 @@ class BankCusum:
 
         The pair (d, d_prev) is bounded together: where either is beyond `dclip` sigmas,
         both are scaled down by the same factor, so the innovation keeps its sign and
-        proportion. Clipping each alone turned a shock's decay (d_prev 20, d 10 under phi
-        0.5: innovation 0) into windows of (1 - phi) * dclip, which paged on heavy-tailed
+        proportion. Clipping each alone would turn a shock's decay (d_prev 20, d 10 under
+        phi 0.5: innovation 0) into windows of (1 - phi) * dclip, which page on heavy-tailed
         shocks. The bound itself keeps an under-estimated phi on a slow metric from turning
         a long excursion into a run of large innovations.
         """
@@ -1104,10 +1062,10 @@ class BankCusum:
         sign = np.where(up, 1.0, -1.0)
         d = np.where(fin, (vals - mu[:, None]) * sign[:, None], 0.0)
         # Deviations bounded, so that one outlier left in the ring cannot drag the split
-        # towards itself: at `clip` marginal sigmas (a looser bound, the front-end's, let one
-        # 5-sigma window on top of a slow drift become the whole post-change segment, and
-        # `after` that window's value), or 1.5x the newest samples' shift for a step larger
-        # than that (a tighter bound would blur a big step's onset).
+        # towards itself: at `clip` marginal sigmas (with the front-end's looser bound, one
+        # outlier on top of a slow drift can become the whole post-change segment, and
+        # `after` its value), or 1.5x the newest samples' shift for a step larger than that
+        # (a tighter bound would blur a big step's onset).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tail: no estimate
             recent = np.nanmedian(vals[:, -4:], axis=1)
@@ -1216,7 +1174,7 @@ class BankCusum:
         pair only (the pair across the onset is left out), over the last `_SPREAD_PAIRS`
         pairs: the clipped mean square of the differences, in innovation units (the
         difference of an AR(1) has variance 2 sigma^2 / (1 + phi)), over its Gaussian
-        value. A 3x burst of spread reads about 4; clean noise about 1 +- 0.35.
+        value.
         """
         s, c = self._s, self.cfg.clip
         dev = (vals - mu[:, None]) / s["sig"][cells][:, None]

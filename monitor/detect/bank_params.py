@@ -182,8 +182,7 @@ class BankParams:
                 "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, "
                 "abs_floor > 0 required",
             ),
-            # A scale under the ring's float32 rounding step is rounding noise: a series at
-            # 1e8 with unit noise and no floor pages on it.
+            # A scale under the ring's float32 rounding step would page on rounding noise.
             (
                 self.rel_floor < REL_FLOOR_MIN,
                 f"rel_floor >= {REL_FLOOR_MIN:.3g} required: the ring holds float32 samples, "

@@ -141,12 +141,12 @@ class WarmStarts:
     def review(self, det: BankCusum) -> None:
         """Drop borrowed AR estimates from cells whose own fresh ring says they under-whiten.
 
-        A joiner that looked like its family in 32 burn-in samples may still be more
-        persistent (an AR(1) stream in a white family, one time in a few hundred): whitened
-        with the family's phi it pages until its own samples outweigh the credit. So each
-        time its ring has filled with new samples, its lag-1 autocorrelation there is set
-        against the phi in use; well above it, the cell starts over from the ring's own
-        estimates (their wide margin, its long-run variance afresh, its bank at zero).
+        A joiner that looked like its family in its burn-in may still be more persistent
+        (an AR(1) stream in a white family): whitened with the family's phi it pages until
+        its own samples outweigh the credit. So each time its ring has filled with new
+        samples, its lag-1 autocorrelation there is set against the phi in use; well above
+        it, the cell starts over from the ring's own estimates (their wide margin, its
+        long-run variance afresh, its bank at zero).
         """
         s, credit = det._s, min(det.cfg.warm_start, det._ns_max)
         c = self.credit
