@@ -249,7 +249,7 @@ class BankCusum:
         return self._s["na"] if self._split else self._s["ns"]
 
     def drain_warm_starts(self) -> dict[str, int]:
-        """Streams started since the last call, by `WARM_OUTCOMES`; the counts restart."""
+        """Streams started since the last call, by `bank_warm.WARM_OUTCOMES`; the counts restart."""
         return self._warm.drain()
 
     @property

@@ -11,6 +11,7 @@ from monitor.detect import (
     DEFAULT_KIND,
     KINDS,
     REGISTRY,
+    StateShapeError,
     detector_params,
     make_detector,
     restore_configured,
@@ -256,6 +257,21 @@ def test_river_kinds_reset_on_any_parameter_change() -> None:
     blob = det.snapshot()
     assert restore_configured(blob, "adwin", 1, {"delta": 0.002})[1] == "kept"
     assert restore_configured(blob, "adwin", 1, {"delta": 0.01})[1] == "reset"
+
+
+@pytest.mark.parametrize(("kind", "change"), [("cusum", {"k": 0.7}), ("kswin", {"alpha": 0.01})])
+def test_kinds_without_retuning_refuse_other_parameters(kind: str, change: dict) -> None:
+    """A kind whose state is built with all its parameters restores only under its own:
+    `restore(blob, params)` raises StateShapeError otherwise, and the factory resets."""
+    det = make_detector(kind, 1)
+    _fed(det, 100)
+    blob = det.snapshot()
+    same = type(det).restore(blob, params=det.params())
+    assert same.snapshot() == blob
+    with pytest.raises(StateShapeError):
+        type(det).restore(blob, params=det.params() | change)
+    assert restore_configured(blob, kind, 1, change)[1] == "reset"
+    assert restore_configured(blob, kind, 1, {})[1] == "kept"
 
 
 def _checkpoint_of_many() -> bytes:
