@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy monitor sim bench
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/vulture
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

@@ -140,10 +140,8 @@ class DetectorSettings(_Frozen):
         return self
 
     def engine_params(self) -> dict[str, float]:
-        """Keyword arguments for the detector constructor."""
-        merged = {**self.params, **({"h": self.h} if self.h is not None else {})}
-        # TOML and env give floats; window counts must reach the engine as ints.
-        return {k: int(v) if float(v).is_integer() else v for k, v in merged.items()}
+        """Keyword arguments for `detect.make_detector` (which makes whole counts ints)."""
+        return {**self.params, **({"h": self.h} if self.h is not None else {})}
 
 
 class AlertSettings(_Frozen):

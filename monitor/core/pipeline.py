@@ -410,13 +410,12 @@ class Pipeline:
                 continue
             levels = det if scale is None else _rescale(det, rows[wave], scale)
             found.extend(self._points(st.table, levels, det, view.partition, kind))
-        for method, counts in (("drain_stats", self.stats.alarms),
-                               ("drain_warm_starts", self.stats.warm_starts)):  # fmt: skip
-            drain = getattr(detector, method, None)
-            if drain is not None:
-                for outcome, n in drain().items():
-                    if n:
-                        counts[kind.name, outcome] += n
+        for outcome, n in detector.drain_stats().items():
+            if n:
+                self.stats.alarms[kind.name, outcome] += n
+        for outcome, n in detector.drain_warm_starts().items():
+            if n:
+                self.stats.warm_starts[kind.name, outcome] += n
         return found
 
     def _points(

@@ -1,9 +1,10 @@
 """Change-point detectors behind one interface (`base.Detector`), and the factory by kind."""
 
-from monitor.detect.base import Detections, Detector
+from monitor.detect.base import Detections, Detector, StateShapeError
 from monitor.detect.factory import (
     DEFAULT_KIND,
     KINDS,
+    REGISTRY,
     detector_params,
     make_detector,
     restore_configured,
@@ -13,8 +14,10 @@ from monitor.detect.factory import (
 __all__ = [
     "DEFAULT_KIND",
     "KINDS",
+    "REGISTRY",
     "Detections",
     "Detector",
+    "StateShapeError",
     "detector_params",
     "make_detector",
     "restore_configured",

@@ -1,74 +1,32 @@
 """The default engine: a bank of one-sided CUSUMs behind a robust, lagged front-end.
 
-Per (stream, metric) cell, vectorised over all cells of a wave:
+Per (stream, metric) cell, vectorised over all cells of a wave (docs/detection.md
+has the full account and the parameters' effects, docs/tuning.md the table):
 
-1. **Burn-in.** The first `burn_in` samples give a median level, an AR(1)
-   coefficient and a Huber (proposal 2) scale of the AR innovations. With
-   `warm_start` and families given, a stream whose burn-in agrees with its
-   family's instead borrows a mature family member's AR and long-run variance
-   estimates, credited as `warm_start` samples; each fresh ring while the credit
-   outweighs its own samples is reviewed, and a borrower that proves more
-   persistent drops them (`_donors`, `_review_credit`).
-2. **Front-end.** Each sample becomes a standardised innovation
-   ``z = (d - phi * d_prev) / sigma`` with ``d = x - level``, clipped at
-   ±`clip`. Where d or d_prev lies beyond ``clip * (1 + ar_max)`` sigmas,
-   the pair is scaled down together to that bound first, so the geometric
-   decay of a heavy-tailed shock whitens to nothing. Pre-whitening removes
-   AR(1) autocorrelation; `phi` is an upper confidence bound, because
-   under-whitening pages and over-whitening only slows. The Huber scale
-   gives the clipped innovations unit second moment under heavy tails too,
-   so one threshold holds across noise shapes. A slow
-   signal under measurement noise is an ARMA(1,1), whose lag-1
-   autocorrelation understates phi: phi is also at least the lower
-   confidence bound of the lag-2 / lag-1 autocovariance ratio. Opt-in
-   (`ma_max` > 0): where that bound clearly beats the AR(1) bound, phi is
-   the ratio itself and an MA(1) term, ``u = w + theta * u_prev`` with
-   ``w = d - phi * d_prev`` and theta from w's lag-1 autocorrelation (at
-   most `ma_max`), undoes what it over-whitens; z is u in its own sigmas,
-   and the level's marginal spread there is ``sqrt(c0)``. A slow
-   wander under heavy noise can leave persistence in that neither catches:
-   ``z`` is also divided by the square root of the innovations' long-run
-   variance ratio (from the mean square of their EW mean over `lrv_window`
-   windows), less two standard errors (MA cells: the point estimate), so
-   white and AR(1) cells are left alone. While the baseline is young, ``z``
-   is shrunk by ``1 - youth / n``.
-3. **Bank.** One-sided CUSUMs in log-likelihood-ratio units for a geometric
-   grid of shift sizes ``delta`` (sigma units), up and down:
-   ``S = max(0, S + min(±delta*z - delta²/2, step_cap))``. The largest
-   statistic approximates the GLR for a shift of unknown size; ``S > h``
-   alarms. `clip` and `step_cap` bound what one window adds, so single- or
-   double-window outliers cannot alarm. A member only votes once its level
-   rests on ``maturity / delta²`` samples (a small-shift CUSUM is only as good
-   as the baseline it is measured against).
-   **Jump rule.** Independently of the bank, `jump_windows` (3) windows in a row
-   beyond `jump` (6) sigmas of the level's own spread, on one side, alarm: a
-   huge step is then found on its third window instead of after the capped
-   steps add up to h (five). Heavy tails almost never produce such a run
-   (Student-t3: ~1e-8 per window). Under AR(1) one huge shock stays beyond
-   the bound while it decays (phi^k), so a window only extends a run when it
-   is not that decay. The rule waits until the scale rests on 128 samples.
-4. **Lagged baseline.** Each cell keeps a ring of its last `history` samples.
-   Level, scale and AR coefficient adapt slowly (windows of `baseline_window`,
-   `scale_window`, `ar_window` samples) from the sample leaving the ring, i.e.
-   `history` samples late, so a fresh shift is not absorbed before it alarms.
-   They see deviations bounded at `clip` marginal sigmas, so that spikes do
-   not drag phi down (under-whitening pages).
-5. **On alarm.** The onset is the maximum-likelihood split of the ring against
-   the known baseline (or, for a slow shift that began before the ring, the
-   start of the smallest member's run); deviations in the split are bounded so
-   one outlier left in the ring cannot drag it; `after` is the median since onset.
-   **Spread veto.** A burst of spread (3x for 20 windows) random-walks the
-   clipped evidence past h although the level never moved. So an alarm whose
-   last 16 successive differences spread wider than `spread_veto`² × stat/h
-   times the variance its evidence assumed is dropped, and its statistics are
-   divided by that ratio (the evidence re-measured at the local spread),
-   unless the post-change segment's own GLR at that spread still reaches 2h,
-   or the vetoes have kept coming for 32 windows (a spread that persists is
-   no burst: a shift that also made the noise jumpier must not wait for the
-   slow scale). Differences are blind to a level step, so real shifts pass.
-   The cell re-baselines on its post-onset samples (burning in the rest).
-   Alarms whose effect is below `min_rel_change` of the level re-baseline
-   silently, without a detection.
+1. Burn-in: the first `burn_in` samples give a median level, an AR(1) coefficient
+   and a Huber (proposal 2) scale of the AR innovations, or a family member's
+   estimates (`bank_warm`).
+2. Front-end: each sample becomes an AR(1)-whitened innovation in sigmas, clipped
+   at `clip`; with the opt-in MA term, ARMA(1,1) cells also undo the MA part. The
+   AR coefficient in use is an upper confidence bound, because under-whitening
+   pages and over-whitening only slows. The innovations are deflated by their
+   long-run variance ratio (persistence the whitening left in) and, while the
+   baseline is young, shrunk.
+3. Bank: one-sided CUSUMs in log-likelihood-ratio units for a geometric grid of
+   shift sizes, up and down; `step_cap` bounds what one window adds, so single- or
+   double-window outliers cannot alarm. A member votes only once its level rests
+   on enough samples for its shift size. The jump rule alarms on a run of windows
+   far beyond the level's spread, long before the capped steps add up to `h`.
+4. Lagged baseline: level, scale and AR estimates learn from the sample leaving
+   the ring of the last `history` samples, so a fresh shift is not absorbed before
+   it alarms.
+5. Alarm: the onset is the maximum-likelihood split of the ring against the
+   level; the spread veto drops alarms made by a burst of spread rather than a
+   shift of level; alarms below `min_rel_change` re-baseline silently. The cell
+   re-baselines on its post-onset samples.
+
+Hot-path arrays are float32 where the statistics need no more; a wave's cells are
+views for a contiguous block of rows and gathered copies otherwise (`_Cells`).
 """
 
 from __future__ import annotations
@@ -76,51 +34,28 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple, Self
 
 import numpy as np
 import numpy.typing as npt
 
 from monitor.arrays import F32, F64, I32, I64
-from monitor.detect import _blob
+from monitor.detect import bank_alarm, bank_state
+from monitor.detect.bank_alarm import ALARM_OUTCOMES
+from monitor.detect.bank_params import STATE_SHAPE, BankParams, param_types
+from monitor.detect.bank_warm import WarmStarts, unbiased_lag1
 from monitor.detect.base import Detections
 
 _MAD_TO_SIGMA = 1.4826
 _N_MAX = 1 << 30  # saturating sample counter
 _EPS32 = np.float32(1e-12)
-_SPREAD_PAIRS = 16  # recent successive differences behind the spread veto
-_SPREAD_MIN_PAIRS = 8  # fewer: no veto
-_SPREAD_PERSIST = 32  # windows of recurring vetoes after which the spread is no burst
 _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest member's run is shorter
-# What an alarm (the statistic crossing h, or a jump run) became: a detection, dropped by
-# the spread veto (a burst of spread), or a silent re-baseline below `min_rel_change`.
-ALARM_OUTCOMES = ("reported", "vetoed", "below_min_change")
-# How streams that finished burn-in with families given (and `warm_start` on) started: from
-# a family member's estimates, on their own because they disagreed with the family, or on
-# their own for want of mature family members.
-# `withdrawn`: a stream that borrowed and whose own samples later showed it more persistent
-# than the estimates it borrowed (it then goes on from its own).
-WARM_OUTCOMES = ("borrowed", "own", "no_donor", "withdrawn")
-# Warm starts: a new stream's AR estimates come from the phi at this quantile of at
-# least this many mature streams of its family and column.
-_WARM_QUANTILE = 0.75
-_WARM_MIN_DONORS = 4
-# ... unless the cell's own burn-in estimate lies more than this many standard errors
-# above the family's (it would be under-whitened: pages) or below it (over-whitened: slow).
-_WARM_ABOVE = 0.5
-_WARM_BELOW = 2.0
-_FAM_MAX = (1 << 31) - 1  # families are stored as id + 1 in int32
-# While a cell's own samples are fewer than its credit, each fresh ring (every `history`
-# samples) is checked: a lag-1 autocorrelation this many standard errors above the phi
-# in use means the borrowed estimates under-whiten it, and they are dropped.
-_WARM_WITHDRAW = 3.0
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
 # The time ring holds float32 seconds since the detector's epoch (half the bytes of
 # epoch seconds in float64, which float32 could not hold to the second). Within 2^20 s
 # (12 days) of the epoch a time is exact to 1/8 s; past that the epoch moves forward.
 _T_SPAN = float(1 << 20)
-_REL_FLOOR_MIN = 2.0**-23  # float32 spacing relative to a value: the smallest scale floor
 
 
 def clipped_second_moment(c: float) -> float:
@@ -128,11 +63,6 @@ def clipped_second_moment(c: float) -> float:
     tail = math.erfc(c / math.sqrt(2.0))  # P(|Z| > c)
     pdf = math.exp(-0.5 * c * c) / math.sqrt(2.0 * math.pi)
     return (1.0 - tail) - 2.0 * c * pdf + c * c * tail
-
-
-def _unbiased_lag1(est: F64, count: F64) -> F64:
-    """A lag-1 autocorrelation from `count` samples, less its small-sample bias."""
-    return est + (1.0 + 3.0 * est) / count
 
 
 def _get(arr: np.ndarray, sel: slice | I64) -> np.ndarray:
@@ -149,6 +79,79 @@ def _cells_of(sel: slice | I64) -> I64:
     return sel
 
 
+_Mask = npt.NDArray[np.bool_]
+
+
+class _Cells:
+    """One wave's cells of the per-cell state, by name: views into it for a contiguous
+    block of cells, gathered copies for scattered cells, which `scatter` writes back
+    once (those marked `changed`)."""
+
+    __slots__ = (
+        "_dirty", "_got", "_s", "burn", "dense", "na_min", "nb_min", "ns_min", "sel", "size",
+        "split",
+    )  # fmt: skip
+
+    def __init__(
+        self, s: dict[str, np.ndarray], sel: slice | I64, size: int, burn: I64 | None, split: bool
+    ) -> None:
+        self._s, self.sel, self.size = s, sel, size
+        self.burn = burn  # positions of the cells riding along (burning in or absent)
+        self.split = split  # whether the AR count `na` is kept apart from `ns`
+        self.dense = isinstance(sel, slice)
+        self._got: dict[str, np.ndarray] = {}
+        self._dirty: dict[str, None] = {}
+        # The counts as the wave found them (the stages advance them).
+        self.ns_min = int(self["ns"].min())
+        self.na_min = int(self["na"].min()) if split else self.ns_min
+        self.nb_min = int(self["nb"].min())
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        got = self._got.get(name)
+        if got is None:
+            got = self._got[name] = _get(self._s[name], self.sel)
+        return got
+
+    def na(self) -> np.ndarray:
+        """The AR count: the scale's own (`ns`) until a cell borrowed."""
+        return self["na"] if self.split else self["ns"]
+
+    def put(self, name: str, arr: np.ndarray) -> None:
+        """Store `arr` as the cells' `name` now (the caller may reuse `arr` afterwards)."""
+        self._s[name][self.sel] = arr
+        self._got.pop(name, None)
+
+    def changed(self, *names: str) -> None:
+        """Mark arrays modified in place, for `scatter`."""
+        if not self.dense:
+            self._dirty.update(dict.fromkeys(names))
+
+    def scatter(self) -> None:
+        """Write the gathered arrays marked `changed` back (views need nothing)."""
+        for name in self._dirty:
+            self._s[name][self.sel] = self._got[name]
+
+
+class _Arma(NamedTuple):
+    """The MA(1) term in one wave: every cell's theta (None with the term off), the
+    ARMA(1,1) cells (theta > 0; None if there are none) and their theta."""
+
+    theta: F32 | None
+    at: I64 | None
+    th_at: F32 | None
+
+
+class _Rates(NamedTuple):
+    """Weights of one wave's lagged samples in the slow estimates."""
+
+    a_s: F32 | float  # the scale's
+    a_p: F32 | float  # the AR and long-run variance estimates'
+    inv32: F32 | np.float32 | None  # 1 / min(na, ar_window), for the AR bias (None: ns_sat)
+    pad: F32 | np.float32 | None  # ar_margin / sqrt(min(na, ar_window)) (None: ns_sat)
+    ar_sat: bool  # every AR count at its window
+    ns_sat: bool  # every count at its window and every cell with a lagged sample
+
+
 class BankCusum:
     """Bank of one-sided CUSUMs with a robust, lagged, AR(1)-whitened front-end.
 
@@ -157,194 +160,84 @@ class BankCusum:
     """
 
     kind: ClassVar[str] = "bank"
-    # Parameters that size the state or give its arrays their meaning (ring length, the
-    # bank's members, when burn-in ends): a checkpoint carries over only where they match.
-    STATE_SHAPE: ClassVar[tuple[str, ...]] = (
-        "history", "burn_in", "min_shift", "max_shift", "n_shifts",
-    )  # fmt: skip
+    # A checkpoint carries over to new parameters only where these match (`BankParams`).
+    STATE_SHAPE: ClassVar[tuple[str, ...]] = STATE_SHAPE
 
-    # Per-cell scalar state, flat over cells (cell = row * n_metrics + column).
-    _SCALARS: ClassVar[dict[str, type[np.generic]]] = {
-        "n": np.int32,  # samples since (re)start: burn-in and youth
-        "nb": np.int32,  # samples in the level estimate (saturating)
-        "ns": np.int32,  # samples in the scale estimate (kept on re-baseline; 0 = fresh)
-        # Samples behind the AR and long-run variance estimates: ns plus a warm start's
-        # credit. Until a cell borrows (`_split`), na is ns and this array is not kept.
-        "na": np.int32,
-        "fam": np.int32,  # family (the caller's group id + 1; 0 = unknown): warm-start donors
-        "pos": np.int32,  # next ring slot
-        "mu": np.float64,  # baseline level
-        "sig": np.float64,  # innovation scale (1 until the first baseline)
-        "phi": np.float32,  # AR(1) coefficient in use (estimate + bias + margin)
-        "c0": np.float32,  # EW lag-0 autocovariance of lagged deviations (sigma units)
-        "c1": np.float32,  # EW lag-1 autocovariance
-        "dprev": np.float32,  # previous deviation (sigma units), for whitening
-        "lprev": np.float32,  # previous lagged deviation, for the AR estimate
-        "c2": np.float32,  # EW lag-2 autocovariance (sigma units)
-        "lprev2": np.float32,  # lagged deviation two samples back
-        "jr": np.float32,  # signed run of consecutive windows beyond `jump` marginal sigmas
-        "jm": np.float32,  # last window's deviation in marginal sigmas (unclipped), for `jr`
-        "vfirst": np.int32,  # `n` at the first spread veto of the current run of vetoes (0: none)
-        "vlast": np.int32,  # `n` at the latest spread veto
-        "lm": np.float32,  # EW mean (window `lrv_window`) of the lagged, clipped innovations
-        "lv": np.float32,  # EW mean square of `lm`: the innovations' long-run variance / L
-        "theta": np.float32,  # MA(1) coefficient (0 unless phi came from c2/c1)
-        "uprev": np.float32,  # previous ARMA innovation (front-end)
-        "ulprev": np.float32,  # previous lagged ARMA innovation (long-run variance)
-    }
-
-    def __init__(
-        self,
-        n_metrics: int,
-        *,
-        h: float = 11.0,
-        min_shift: float = 0.5,
-        max_shift: float = 2.0,
-        n_shifts: int = 3,
-        clip: float = 2.5,
-        step_cap: float = 2.5,
-        burn_in: int = 32,
-        history: int = 32,
-        youth: float = 16.0,
-        maturity: float = 64.0,
-        baseline_window: int = 512,
-        scale_window: int = 1024,
-        ar_window: int = 4096,
-        ar_max: float = 0.98,
-        ar_margin: float = 1.0,
-        rel_floor: float = 1e-3,
-        abs_floor: float = 1e-9,
-        min_rel_change: float = 0.03,
-        jump: float = 6.0,
-        jump_windows: int = 3,
-        spread_veto: float = math.sqrt(2.0),
-        ar2_margin: float = 1.5,
-        lrv_window: int = 32,
-        lrv_margin: float = 2.0,
-        ma_max: float = 0.0,
-        warm_start: int = 0,
-        capacity: int = 1024,
-    ) -> None:
+    def __init__(self, n_metrics: int, *, capacity: int = 1024, **params: Any) -> None:
+        """A bank for `n_metrics` columns; `params` are `BankParams` fields by name."""
         if n_metrics < 1:
             raise ValueError("n_metrics must be >= 1")
-        if not (h > 0 and clip > 0 and step_cap > 0):
-            raise ValueError("h, clip and step_cap must be > 0")
-        if not (0 < min_shift <= max_shift and n_shifts >= 1):
-            raise ValueError("0 < min_shift <= max_shift and n_shifts >= 1 required")
-        if not 3 <= burn_in <= history:
-            raise ValueError("3 <= burn_in <= history required")
-        if min(baseline_window, scale_window, ar_window) < 1 or not 0 <= ar_max < 1:
-            raise ValueError("windows >= 1 and 0 <= ar_max < 1 required")
-        if spread_veto < 0 or ar2_margin < 0 or lrv_window < 0 or lrv_margin < 0:
-            raise ValueError(
-                "spread_veto, ar2_margin, lrv_window (0 = off) and lrv_margin >= 0 required"
-            )
-        if not 0 <= ma_max < 1:
-            raise ValueError("0 <= ma_max < 1 required (0 = no MA term)")
-        if warm_start < 0:
-            raise ValueError("warm_start >= 0 required (0 = off)")
-        if jump < 0 or jump_windows < 2:
-            raise ValueError("jump >= 0 (0 = off) and jump_windows >= 2 required")
-        if min(youth, maturity, ar_margin, rel_floor, min_rel_change) < 0 or abs_floor <= 0:
-            raise ValueError(
-                "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, abs_floor > 0 required"
-            )
-        if rel_floor < _REL_FLOOR_MIN:
-            # The ring keeps samples as float32: a scale under their rounding step is rounding
-            # noise (one series at 1e8 with unit noise and no floor: 90 alarms in 3000 windows).
-            raise ValueError(
-                f"rel_floor >= {_REL_FLOOR_MIN:.3g} required: the ring holds float32 samples, "
-                "so a smaller scale relative to the level is rounding noise"
-            )
         self.n_metrics = int(n_metrics)
-        self.h = float(h)
-        self.min_shift, self.max_shift = float(min_shift), float(max_shift)
-        self.n_shifts = int(n_shifts)
-        self.clip, self.step_cap = float(clip), float(step_cap)
-        self.burn_in, self.history = int(burn_in), int(history)
-        self.youth, self.maturity = float(youth), float(maturity)
-        self.baseline_window, self.scale_window = int(baseline_window), int(scale_window)
-        self.ar_window, self.ar_max, self.ar_margin = (
-            int(ar_window),
-            float(ar_max),
-            float(ar_margin),
-        )
-        self.rel_floor, self.abs_floor = float(rel_floor), float(abs_floor)
-        self.min_rel_change = float(min_rel_change)
-        self.jump, self.jump_windows = float(jump), int(jump_windows)
-        self.spread_veto = float(spread_veto)
-        self.ar2_margin = float(ar2_margin)
-        self.lrv_window, self.lrv_margin = int(lrv_window), float(lrv_margin)
-        self.ma_max = float(ma_max)
-        self.warm_start = int(warm_start)
-        self._fam_in: tuple[I64, I64] | None = None  # this wave's (rows, groups), if given
+        self.cfg = BankParams(**params)
+        self._derive()
         # Whether any cell's AR count differs from its scale count (a warm start borrowed):
-        # until then the hot path reads and updates one count, as before warm starts.
+        # until then the hot path reads and updates one count.
         self._split = False
-        self._credit = np.empty(0, dtype=np.int64)  # cells on borrowed AR estimates
-        self._ma_rmax = self.ma_max / (1.0 + self.ma_max**2)  # lag-1 |rho| of w at ma_max
-        if self.n_shifts == 1:
-            self.shifts = np.array([self.min_shift])
+        self._warm = WarmStarts()
+        self._buf32: dict[str, F32] = {}
+        self._cap = 0  # rows
+        self._s: dict[str, np.ndarray] = {}
+        self._bank = np.zeros((2 * self.cfg.n_shifts, 0), dtype=np.float32)
+        self._run = np.zeros((2, 0), dtype=np.float32)
+        self._ring = np.zeros((self.cfg.history, 0), dtype=np.float32)
+        self._tring = np.zeros((self.cfg.history, 0), dtype=np.float32)
+        self._t0 = math.nan  # epoch of the time ring: set by the first wave
+        # What became of alarms since the last `drain_stats` (process counters, not state).
+        self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
+        bank_state.grow(self, max(int(capacity), 1))
+
+    def _derive(self) -> None:
+        """The shift grid, constants and per-count tables the parameters imply."""
+        p = self.cfg
+        self._ma_rmax = p.ma_max / (1.0 + p.ma_max**2)  # lag-1 |rho| of w at ma_max
+        if p.n_shifts == 1:
+            self.shifts = np.array([p.min_shift])
         else:
-            self.shifts = np.geomspace(self.min_shift, self.max_shift, self.n_shifts)
-        self._mature_at = np.ceil(self.maturity / self.shifts**2).astype(np.int64)
-        self._kappa = clipped_second_moment(self.clip)
-        self._dclip = self.clip * (1.0 + self.ar_max)  # bound on raw deviations, sigma units
-        self._ns_max = max(self.scale_window, self.ar_window)
-        self._youth_until = math.ceil(32.0 * self.youth)  # the shrink is < 3% from here on
+            self.shifts = np.geomspace(p.min_shift, p.max_shift, p.n_shifts)
+        self._mature_at = np.ceil(p.maturity / self.shifts**2).astype(np.int64)
+        self._kappa = clipped_second_moment(p.clip)
+        self._dclip = p.clip * (1.0 + p.ar_max)  # bound on raw deviations, sigma units
+        self._ns_max = max(p.scale_window, p.ar_window)
+        self._youth_until = math.ceil(32.0 * p.youth)  # the shrink is < 3% from here on
         # 1 / count up to the longest window: the level's count runs to baseline_window.
-        longest = max(self._ns_max, self.baseline_window)
+        longest = max(self._ns_max, p.baseline_window)
         cnt = np.maximum(np.arange(longest + 1, dtype=np.float64), 1.0)
         self._inv_n32 = (1.0 / cnt).astype(np.float32)
-        self._ar_pad32 = (self.ar_margin / np.sqrt(cnt)).astype(np.float32)
-        self._ar2_pad32 = (self.ar2_margin / np.sqrt(cnt)).astype(np.float32)
+        self._ar_pad32 = (p.ar_margin / np.sqrt(cnt)).astype(np.float32)
+        self._ar2_pad32 = (p.ar2_margin / np.sqrt(cnt)).astype(np.float32)
         # Long-run variance ratio: `lv` over its white-noise value kappa / (2L - 1) (the
         # variance of an EW mean of window L), and that ratio's noise margin at n samples
         # (about L-sample blocks carry one value each: standard error sqrt(2L / n)).
-        lw = max(self.lrv_window, 1)
+        lw = max(p.lrv_window, 1)
         self._lrv_unit = (2.0 * lw - 1.0) / self._kappa
-        self._lrv_pad32 = (self.lrv_margin * np.sqrt(2.0 * lw / cnt)).astype(np.float32)
+        self._lrv_pad32 = (p.lrv_margin * np.sqrt(2.0 * lw / cnt)).astype(np.float32)
         # Tables by the scale / AR count ns (0..ns_max, saturating), min(ns, window) baked in:
         # every index is in range, so the cheapest take (mode="wrap", intp indices) serves.
-        k_ar = np.minimum(np.arange(self._ns_max + 1), self.ar_window)
-        k_sc = np.minimum(np.arange(self._ns_max + 1), self.scale_window)
+        k_ar = np.minimum(np.arange(self._ns_max + 1), p.ar_window)
+        k_sc = np.minimum(np.arange(self._ns_max + 1), p.scale_window)
         self._ns_inv_ar32 = self._inv_n32[k_ar]
         self._ns_inv_scale32 = self._inv_n32[k_sc]
         self._ns_pad_ar32 = self._ar_pad32[k_ar]
         self._ns_pad_ar2_32 = self._ar2_pad32[k_ar]
         self._ns_pad_lrv32 = self._lrv_pad32[k_ar]
         ages = np.maximum(np.arange(self._youth_until + 1, dtype=np.float64), 1.0)
-        self._youth_u = np.clip(1.0 - self.youth / ages, 0.0, 1.0).astype(np.float32)
+        self._youth_u = np.clip(1.0 - p.youth / ages, 0.0, 1.0).astype(np.float32)
         self._youth_u[-1] = 1.0
-        self._buf32: dict[str, F32] = {}
-        self._cap = 0  # rows
-        self._s: dict[str, np.ndarray] = {}
-        self._bank = np.zeros((2 * self.n_shifts, 0), dtype=np.float32)
-        self._run = np.zeros((2, 0), dtype=np.float32)
-        self._ring = np.zeros((self.history, 0), dtype=np.float32)
-        self._tring = np.zeros((self.history, 0), dtype=np.float32)
-        self._t0 = math.nan  # epoch of the time ring: set by the first wave
-        # What became of alarms since the last `drain_stats` (process counters, not state).
-        self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
-        self._warm_stats = dict.fromkeys(WARM_OUTCOMES, 0)
-        self._grow(max(int(capacity), 1))
 
     # -- parameters and state ------------------------------------------------
+    @classmethod
+    def param_types(cls) -> dict[str, type]:
+        """The constructor's keywords (`BankParams` fields, then `capacity`) and their types."""
+        return param_types() | {"capacity": int}
+
     def params(self) -> dict[str, Any]:
         """Constructor keyword arguments that rebuild this detector (capacity aside)."""
-        return {
-            "h": self.h, "min_shift": self.min_shift, "max_shift": self.max_shift,
-            "n_shifts": self.n_shifts, "clip": self.clip, "step_cap": self.step_cap,
-            "burn_in": self.burn_in, "history": self.history, "youth": self.youth,
-            "maturity": self.maturity, "baseline_window": self.baseline_window,
-            "scale_window": self.scale_window, "ar_window": self.ar_window,
-            "ar_max": self.ar_max, "ar_margin": self.ar_margin, "rel_floor": self.rel_floor,
-            "abs_floor": self.abs_floor, "min_rel_change": self.min_rel_change,
-            "jump": self.jump, "jump_windows": self.jump_windows,
-            "spread_veto": self.spread_veto, "ar2_margin": self.ar2_margin,
-            "lrv_window": self.lrv_window, "lrv_margin": self.lrv_margin,
-            "ma_max": self.ma_max, "warm_start": self.warm_start,
-        }  # fmt: skip
+        return self.cfg.as_dict()
+
+    @property
+    def h(self) -> float:
+        """The decision threshold: the parameter a deployment retunes."""
+        return self.cfg.h
 
     def drain_stats(self) -> dict[str, int]:
         """Alarms by outcome (`ALARM_OUTCOMES`) since the last call; the counts restart."""
@@ -356,9 +249,8 @@ class BankCusum:
         return self._s["na"] if self._split else self._s["ns"]
 
     def drain_warm_starts(self) -> dict[str, int]:
-        """Streams started since the last call, by `WARM_OUTCOMES`; the counts restart."""
-        out, self._warm_stats = self._warm_stats, dict.fromkeys(WARM_OUTCOMES, 0)
-        return out
+        """Streams started since the last call, by `bank_warm.WARM_OUTCOMES`; the counts restart."""
+        return self._warm.drain()
 
     @property
     def capacity(self) -> int:
@@ -367,124 +259,24 @@ class BankCusum:
 
     def state_bytes_per_cell(self) -> int:
         """Bytes of state one (stream, metric) cell occupies."""
-        scalars = sum(np.dtype(t).itemsize for t in self._SCALARS.values())
-        return scalars + (2 * self.n_shifts + 2) * 4 + self.history * (4 + 4)
-
-    def _grow(self, need_rows: int) -> None:
-        if need_rows <= self._cap:
-            return
-        cap = max(need_rows, 2 * self._cap)
-        old, cells = self._cap * self.n_metrics, cap * self.n_metrics
-        s: dict[str, np.ndarray] = {}
-        for name, dt in self._SCALARS.items():
-            arr = np.ones(cells, dtype=dt) if name == "sig" else np.zeros(cells, dtype=dt)
-            if old:
-                arr[:old] = self._s[name]
-            s[name] = arr
-        bank = np.zeros((2 * self.n_shifts, cells), dtype=np.float32)
-        bank[:, :old] = self._bank
-        run = np.zeros((2, cells), dtype=np.float32)
-        run[:, :old] = self._run
-        ring = np.full((self.history, cells), np.nan, dtype=np.float32)
-        ring[:, :old] = self._ring
-        tring = np.full((self.history, cells), np.nan, dtype=np.float32)
-        tring[:, :old] = self._tring
-        self._s, self._bank, self._run, self._cap = s, bank, run, cap
-        self._ring, self._tring = ring, tring
+        return bank_state.bytes_per_cell(self)
 
     def forget(self, rows: I64) -> None:
         """Reset expired streams' slots so a new stream can reuse them."""
-        rows = np.asarray(rows, dtype=np.int64)
-        rows = rows[(rows >= 0) & (rows < self._cap)]
-        if rows.size == 0:
-            return
-        cells = (rows[:, None] * self.n_metrics + np.arange(self.n_metrics)).ravel()
-        for arr in self._s.values():
-            arr[cells] = 0
-        self._s["sig"][cells] = 1.0  # harmless divisor until the first baseline
-        self._bank[:, cells] = 0.0
-        self._run[:, cells] = 0.0
-        self._ring[:, cells] = np.nan
-        self._tring[:, cells] = np.nan
-
-    def _rows_in_use(self) -> int:
-        """Rows up to the last one that ever saw a sample (later slots are pristine)."""
-        seen = (self._s["n"] > 0) | (self._s["ns"] > 0)
-        last = np.flatnonzero(seen)
-        return 0 if last.size == 0 else int(last[-1]) // self.n_metrics + 1
-
-    def _arrays(self, rows: int | None = None) -> dict[str, np.ndarray]:
-        """State arrays for the first `rows` rows (all allocated rows by default)."""
-        cells = (self._cap if rows is None else rows) * self.n_metrics
-        arrays: dict[str, np.ndarray] = {name: a[:cells] for name, a in self._s.items()}
-        if not self._split:
-            arrays["na"] = arrays["ns"]  # the AR count is the scale's (not kept apart yet)
-        arrays.update(
-            bank=self._bank[:, :cells],
-            run=self._run[:, :cells],
-            ring=self._ring[:, :cells],
-            tring=self._tring[:, :cells],
-        )
-        return arrays
+        bank_state.forget(self, rows)
 
     def snapshot(self) -> bytes:
-        """All state and parameters as deterministic bytes.
-
-        Only rows in use are written: capacity is pre-allocated (and doubles), so a
-        partition with a few devices would otherwise checkpoint megabytes of empty slots.
-        """
-        rows = self._rows_in_use()
-        params = self.params() | {"n_metrics": self.n_metrics, "rows": rows}
-        # The time ring's epoch rides along as a one-element array (state, not a parameter).
-        arrays = self._arrays(rows) | {"tepoch": np.array([self._t0], dtype=np.float64)}
-        return _blob.pack(self.kind, params, arrays)
+        """All state and parameters as deterministic bytes (the rows in use only)."""
+        return bank_state.snapshot(self)
 
     @classmethod
-    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> BankCusum:
+    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> Self:
         """Rebuild a detector from `snapshot` bytes; future outputs are identical.
 
         `params` (the keys of `params()`) replaces the checkpoint's parameters: the state
-        carries on under them. It must keep `STATE_SHAPE` as it was (ValueError else).
+        carries on under them. It must keep `STATE_SHAPE` as it was (`StateShapeError` else).
         """
-        saved, arrays = _blob.unpack(blob, cls.kind)
-        n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
-        if params is not None:
-            changed = [k for k in cls.STATE_SHAPE if k in saved and params[k] != saved[k]]
-            if changed:
-                raise ValueError(f"{changed} shape the state: a checkpoint cannot carry over")
-            saved = dict(params)
-        det = cls(n_metrics, capacity=1, **saved)
-        cells = rows * n_metrics
-        # A checkpoint from before a scalar existed: that scalar starts at zero.
-        det._s = {
-            name: arrays[name] if name in arrays else np.zeros(cells, dtype=dt)
-            for name, dt in cls._SCALARS.items()
-        }
-        if "na" not in arrays:
-            # Before warm starts one count served the scale and the AR estimates alike.
-            det._s["na"] = det._s["ns"].copy()
-        det._split = not np.array_equal(det._s["na"], det._s["ns"])
-        if det._split:
-            na, ns = det._s["na"], det._s["ns"]
-            det._credit = np.flatnonzero((na > ns) & (ns < min(det.warm_start, det._ns_max)))
-        if params is not None:
-            # Shorter windows than the checkpoint's: the counts saturate at the new ones
-            # (the per-count tables end there).
-            np.minimum(det._s["nb"], det.baseline_window, out=det._s["nb"])
-            np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
-            np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
-        det._bank, det._run = arrays["bank"], arrays["run"]
-        det._ring, tring = arrays["ring"], arrays["tring"]
-        if "tepoch" in arrays:
-            det._t0 = float(arrays["tepoch"][0])
-            det._tring = tring
-        else:
-            # A checkpoint from before the epoch: times in float64 epoch seconds.
-            known = tring[np.isfinite(tring)]
-            det._t0 = float(math.floor(float(known.max()))) if known.size else math.nan
-            det._tring = (tring - (0.0 if known.size == 0 else det._t0)).astype(np.float32)
-        det._cap = rows
-        return det
+        return bank_state.restore(cls, blob, params)
 
     def _epoch(self, ts: F64) -> F64:
         """Wave times relative to the time ring's epoch (moving the epoch when they run far)."""
@@ -525,19 +317,16 @@ class BankCusum:
         n = rows.size
         if n == 0:
             return Detections.empty()
-        if groups is not None and self.warm_start > 0:
-            fam = np.asarray(groups, dtype=np.int64)
-            if fam.shape != rows.shape or int(fam.min()) < 0 or int(fam.max()) >= _FAM_MAX:
-                raise ValueError(f"groups must be one id in [0, {_FAM_MAX}) per row")
-            self._fam_in = (rows, fam)
+        if groups is not None and self.cfg.warm_start > 0:
+            self._warm.families = self._warm.checked(rows, groups)
             try:
                 out = self._update(rows, ts, values)
             finally:
-                self._fam_in = None
+                self._warm.families = None
         else:
             out = self._update(rows, ts, values)
-        if self._credit.size:
-            self._review_credit()
+        if self._warm.credit.size:
+            self._warm.review(self)
         return out
 
     def _update(self, rows: I64, ts: F64, values: F64) -> Detections:
@@ -548,7 +337,7 @@ class BankCusum:
         if int(rows.min()) < 0:
             raise ValueError("row ids must be >= 0")
         top = int(rows.max()) + 1
-        self._grow(top)
+        bank_state.grow(self, top)
         ascending = n == 1 or bool(np.all(np.diff(rows) > 0))
         if not ascending and top <= 4 * n + 1024:
             # Arrival order is arbitrary; a counting sort (rows are unique within a wave)
@@ -566,7 +355,7 @@ class BankCusum:
                 order = slot[present]
                 if order.size == n:
                     # The sorted ids are where the slots are set (no gather); `take`
-                    # gathers the rest at about half the cost of fancy indexing.
+                    # gathers the rest faster than fancy indexing.
                     rows = np.flatnonzero(present)
                     ts, values = np.take(ts, order), np.take(values, order, axis=0)
                     ascending = True
@@ -614,7 +403,7 @@ class BankCusum:
         `absent` (positions within a slice) are cells not in the wave: they ride along
         like burning cells, and their count, ring slot and ring position stay as they are.
         """
-        s, hist = self._s, self.history
+        s = self._s
         dense = isinstance(sel, slice)
         holes = absent if dense and absent is not None and absent.size else None
         here = None  # mask of the cells present, when some are absent
@@ -628,6 +417,30 @@ class BankCusum:
         if int(n_new.max()) > _N_MAX:
             np.minimum(n_new, _N_MAX, out=n_new)
         s["n"][sel] = n_new
+        xl = self._ring_step(sel, x, t, holes, here)
+        burn = holes
+        if int(n_new.min()) <= self.cfg.burn_in:
+            # Cells still burning in ride along with z = 0 and no baseline update, so the
+            # wave keeps its fast layout; those completing burn-in get their baseline now.
+            burning = n_new <= self.cfg.burn_in
+            if burn is not None:
+                burning[burn] = False
+            done = np.flatnonzero(burning & (n_new == self.cfg.burn_in))
+            if done.size:
+                self._baseline(_cells_of(sel)[done])
+            burning_at = np.flatnonzero(burning)
+            # Disjoint from the absent cells (masked above), so a plain concatenation.
+            burn = burning_at if burn is None else np.concatenate([burn, burning_at])
+        return self._active(sel, x, t, xl, n_new, burn)
+
+    def _ring_step(
+        self, sel: slice | I64, x: F64, t: F64, holes: I64 | None, here: _Mask | None
+    ) -> F64:
+        """Write the wave's samples into the ring; the samples they replace (NaN where a
+        slot was empty). Absent cells (`holes`, with `here` their complement) keep their
+        slot, and their ring position stays."""
+        s, hist = self._s, self.cfg.history
+        dense = isinstance(sel, slice)
         pos = _get(s["pos"], sel)
         p0 = int(pos[0])
         if dense and bool((pos == p0).all()):
@@ -643,9 +456,9 @@ class BankCusum:
                 pos[holes] = p0
         else:
             # Slots scattered over the ring's rows (cells that missed windows fell behind):
-            # nearly every slot is a cache line of its own, so this costs about as much as
-            # the rest of the wave. Touch each slot once, and cast before scattering (a
-            # casting scatter is twice as slow).
+            # nearly every slot is a cache line of its own, so this is the wave's costliest
+            # step. Touch each slot once, and cast before scattering (a casting scatter is
+            # slower).
             ring, tring = self._ring.reshape(-1), self._tring.reshape(-1)
             flat = pos * np.int64(self._ring.shape[1])
             flat += _cells_of(sel)
@@ -666,128 +479,199 @@ class BankCusum:
             pos *= pos != hist  # wrap around
             if not dense:
                 s["pos"][sel] = pos
-        burn = holes
-        if int(n_new.min()) <= self.burn_in:
-            # Cells still burning in ride along with z = 0 and no baseline update, so the
-            # wave keeps its fast layout; those completing burn-in get their baseline now.
-            burning = n_new <= self.burn_in
-            if burn is not None:
-                burning[burn] = False
-            done = np.flatnonzero(burning & (n_new == self.burn_in))
-            if done.size:
-                self._baseline(_cells_of(sel)[done])
-            burning_at = np.flatnonzero(burning)
-            # Disjoint from the absent cells (masked above), so a plain concatenation.
-            burn = burning_at if burn is None else np.concatenate([burn, burning_at])
-        return self._active(sel, x, t, xl, n_new, burn)
+        return xl
 
     def _active(
         self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
     ) -> Detections:
-        """Front-end, bank and lagged baseline (in place for a slice, gather/scatter else)."""
-        s, c, size = self._s, self.clip, x.size
-        dense = isinstance(sel, slice)
+        """Front-end, bank and lagged baseline for one wave's cells; then its alarms."""
+        v = _Cells(self._s, sel, x.size, burn, self._split)
+        arma = self._arma_cells(v)
+        dz, marg = self._deviations(v, x, arma)
+        jumped = self._jump_runs(v, dz, marg) if self.cfg.jump > 0 else None
+        z = self._innovations(v, dz, arma)
+        self._deflate(v, z, n, arma)
+        bank, run, fire, idle = self._bank_step(v, z)
+        self._lagged_update(v, xl, marg, run, idle, arma)
+        v.scatter()
+        if jumped is None and not fire:
+            return Detections.empty()
+        stat = bank.max(axis=0)
+        h32 = np.float32(self.cfg.h)
+        hit = stat > h32
+        if jumped is not None:
+            hit |= jumped
+            np.maximum(stat, h32, out=stat, where=jumped)
+        idx = np.flatnonzero(hit)
+        return bank_alarm.alarm(self, _cells_of(sel)[idx], t[idx], stat[idx].astype(np.float64))
 
-        zeros = self._buf("zero", size, 0.0)
-        mu, sig, phi = _get(s["mu"], sel), _get(s["sig"], sel), _get(s["phi"], sel)
-        dprev, lprev = _get(s["dprev"], sel), _get(s["lprev"], sel)
-        c2, lprev2 = _get(s["c2"], sel), _get(s["lprev2"], sel)
-        c0, c1, nb, ns = (
-            _get(s["c0"], sel),
-            _get(s["c1"], sel),
-            _get(s["nb"], sel),
-            _get(s["ns"], sel),
-        )
-        split = self._split
-        na = _get(s["na"], sel) if split else ns  # the same array until a cell borrows
-        ns_min = int(ns.min())
-        na_min = int(na.min()) if split else ns_min
+    # -- front-end: deviations, the jump rule, whitened innovations ------------------
+    def _arma_cells(self, v: _Cells) -> _Arma:
+        """The MA(1) term's coefficients and the ARMA(1,1) cells among `v` (theta > 0:
+        rare outside slow signals under noise, so the MA term's work touches only them)."""
+        if self.cfg.ma_max == 0:
+            return _Arma(None, None, None)
+        theta = v["theta"]
+        at = np.flatnonzero(theta > 0)
+        if at.size == 0:
+            return _Arma(theta, None, None)
+        return _Arma(theta, at, theta[at])
 
-        # Front-end: AR(1)-whitened, clipped innovation in sigma units.
-        dz64 = x - mu
-        dz64 /= sig
-        if burn is not None:
-            dz64[burn] = 0.0
+    def _deviations(self, v: _Cells, x: F64, arma: _Arma) -> tuple[F32, F32]:
+        """Each cell's deviation from its level in innovation sigmas (0 for cells riding
+        along), and the factor from innovation sigmas to the level's marginal sigmas."""
+        dz64 = x - v["mu"]
+        dz64 /= v["sig"]
+        if v.burn is not None:
+            dz64[v.burn] = 0.0
         dz = dz64.astype(np.float32)
-        # Innovation sigmas -> marginal sigmas of the level: sqrt(1 - phi²).
-        marg = phi * phi
+        marg = v["phi"] * v["phi"]  # sqrt(1 - phi²), in place
         np.subtract(np.float32(1.0), marg, out=marg)
         np.sqrt(marg, out=marg)
-        # ARMA(1,1) cells (theta > 0; rare outside slow signals under noise): the MA
-        # term's work below touches only them.
-        th_now = _get(s["theta"], sel) if self.ma_max > 0 else None
-        ma_at = np.flatnonzero(th_now > 0) if th_now is not None else None
-        if ma_at is not None and ma_at.size == 0:
-            ma_at = None
-        th_at: F32 | None = None
-        if ma_at is not None:
-            assert th_now is not None  # noqa: S101 - ma_at comes from it
-            th_at = th_now[ma_at]
+        if arma.at is not None:
             # phi is the slow part's root there, so the level's marginal sd is sqrt(c0)
             # innovation sigmas, not 1 / sqrt(1 - phi²) (for phi 0.97 that would put the
             # jump rule's bound at 25 sigmas and leave the slow estimates' bound open).
-            marg[ma_at] = np.float32(1.0) / np.sqrt(np.maximum(c0[ma_at], _EPS32))
-        jumped = self._jump_runs(sel, dz, phi, marg, ns, burn) if self.jump > 0 else None
-        # Whitening with the pair (d, d_prev) bounded together: where either is beyond
-        # `dclip` sigmas, both are scaled down by the same factor, so the innovation keeps
-        # its sign and proportion. Clipping each alone turned a shock's decay (d_prev 20,
-        # d 10 under phi 0.5: innovation 0) into windows of (1 - phi) * dclip, which
-        # paged on heavy-tailed shocks. The bound itself keeps an under-estimated phi on a
-        # slow metric from turning a long excursion into a run of large innovations.
+            c0_at = v["c0"][arma.at]
+            marg[arma.at] = np.float32(1.0) / np.sqrt(np.maximum(c0_at, _EPS32))
+        return dz, marg
+
+    def _jump_runs(self, v: _Cells, dz: F32, marg: F32) -> npt.NDArray[np.bool_] | None:
+        """Count consecutive windows beyond `jump` marginal sigmas on one side; the mask of
+        cells whose run reached `jump_windows` (None when none did).
+
+        A step of many sigmas is obvious long before the bank's capped steps add up to h.
+        `jump_windows` windows in a row beyond `jump` sigmas of the level's own spread is
+        rare under any tail the front-end admits, so the rule is safe without a threshold
+        of its own. Under autocorrelation one huge innovation also stays beyond the bound
+        for a few windows, decaying as phi^k; a run only grows when its window is not that
+        decay: it must exceed phi times the previous deviation by half of what a step at
+        the bound would add, jump*(1-phi)/2.
+        """
+        jr, jm, phi, ns = v["jr"], v["jm"], v["phi"], v["ns"]
+        m = marg * dz
+        j32 = np.float32(self.cfg.jump)
+        # Windows beyond the bound are rare: extend those runs; every other run is +0.
+        new = np.zeros(m.size, dtype=np.float32)
+        for side, at in ((1.0, np.flatnonzero(m > j32)), (-1.0, np.flatnonzero(m < -j32))):
+            if not at.size:
+                continue
+            sgn = np.float32(side)
+            p_at, run = phi[at], jr[at] * sgn
+            # The innovation of this window in marginal sigmas, towards the run's side.
+            fresh = (m[at] - p_at * jm[at]) * sgn
+            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
+            new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
+        if v.ns_min < _JUMP_AFTER:
+            new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
+        if v.burn is not None:
+            new[v.burn], m[v.burn] = jr[v.burn], jm[v.burn]
+        v.put("jr", new)
+        v.put("jm", m)
+        np.abs(new, out=new)
+        reached = new >= np.float32(self.cfg.jump_windows)
+        return reached if bool(reached.any()) else None
+
+    def _innovations(self, v: _Cells, dz: F32, arma: _Arma) -> F32:
+        """The whitened, clipped innovations z; the deviations become `dprev`.
+
+        The pair (d, d_prev) is bounded together: where either is beyond `dclip` sigmas,
+        both are scaled down by the same factor, so the innovation keeps its sign and
+        proportion. Clipping each alone would turn a shock's decay (d_prev 20, d 10 under
+        phi 0.5: innovation 0) into windows of (1 - phi) * dclip, which page on heavy-tailed
+        shocks. The bound itself keeps an under-estimated phi on a slow metric from turning
+        a long excursion into a run of large innovations.
+        """
+        dprev, burn = v["dprev"], v.burn
         np.clip(dz, -_DZ_FINITE, _DZ_FINITE, out=dz)  # finite: no inf - inf below
-        z = phi * dprev
+        z: F32 = v["phi"] * dprev
         np.subtract(dz, z, out=z)
         shrink = np.abs(dz)
         np.maximum(shrink, np.abs(dprev), out=shrink)
-        bound = self._buf("dclip", size, self._dclip)
+        bound = self._buf("dclip", v.size, self._dclip)
         np.maximum(shrink, bound, out=shrink)
         np.divide(bound, shrink, out=shrink)  # dclip / max(|d|, |d_prev|, dclip)
         z *= shrink
-        if th_now is not None:
+        if arma.theta is not None:
             # A slow signal under measurement noise (an ARMA(1,1)): w = d - phi d_prev
-            # still carries the noise's MA(1) part, u = w + theta u_prev does not; its
-            # variance is w's / (1 + theta²). Where theta is 0, u is w (bounded at
-            # dclip): z is the plain AR(1) innovation, and a cell that turns ARMA starts
-            # its recursion from its last w.
-            # Burning cells keep their state.
-            u_at = self._ma_recursion("uprev", sel, z, ma_at, th_at, burn)
-            if ma_at is not None and u_at is not None:
-                z[ma_at] = u_at
-        np.clip(z, -c, c, out=z)
+            # still carries the noise's MA(1) part, u = w + theta u_prev does not. Where
+            # theta is 0, u is w: a cell that turns ARMA starts its recursion from its
+            # last w. Cells riding along keep their state.
+            u_at = self._ma_recursion(v, "uprev", z, arma, burn)
+            if arma.at is not None and u_at is not None:
+                z[arma.at] = u_at
+        np.clip(z, -self.cfg.clip, self.cfg.clip, out=z)
         if burn is not None:
             z[burn] = 0.0
-            dz[burn] = dprev[burn]  # burning cells keep their whitening state
+            dz[burn] = dprev[burn]  # cells riding along keep their whitening state
         dprev[...] = dz
-        if self.youth > 0 and int(n.min()) < self._youth_until:
+        v.changed("dprev")
+        return z
+
+    def _ma_recursion(
+        self, v: _Cells, name: str, w: F32, arma: _Arma, keep: I64 | None
+    ) -> F32 | None:
+        """Advance the MA state `name`: u = w + theta u_prev in the ARMA cells, u = w
+        elsewhere, bounded at dclip; cells at `keep` keep theirs. The ARMA cells' u in its
+        own sigmas (u sqrt(1 + theta²): its variance is w's / (1 + theta²)), or None when
+        there are none."""
+        prev = v[name]
+        u_at = None
+        if arma.at is not None and arma.th_at is not None:
+            u_at = arma.th_at * prev[arma.at]
+            u_at += w[arma.at]
+            np.clip(u_at, -self._dclip, self._dclip, out=u_at)
+        kept = None if keep is None else prev[keep]
+        np.clip(w, -self._dclip, self._dclip, out=prev)
+        if arma.at is not None and u_at is not None and arma.th_at is not None:
+            prev[arma.at] = u_at
+            u_at = u_at * np.sqrt(arma.th_at * arma.th_at + np.float32(1.0))
+        if keep is not None and kept is not None:
+            prev[keep] = kept
+        v.changed(name)
+        return u_at
+
+    def _deflate(self, v: _Cells, z: F32, n: I32, arma: _Arma) -> None:
+        """Shrink young cells' evidence, and deflate z by the innovations' long-run
+        variance ratio (less its noise), in place."""
+        if self.cfg.youth > 0 and int(n.min()) < self._youth_until:
             # A young baseline is uncertain: shrink the evidence until it matures.
             z *= np.take(self._youth_u, n, mode="clip")
-        if self.lrv_window > 0:
-            # Persistence the whitening left in (a slow wander under measurement noise:
-            # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
-            # Deflate z by the innovations' long-run variance ratio, less its noise.
-            f = _get(s["lv"], sel) * np.float32(self._lrv_unit)
-            if na_min >= self._ns_max:
-                padl: F32 | np.float32 = self._lrv_pad32[self.ar_window]
-            else:
-                padl = np.take(self._ns_pad_lrv32, na.astype(np.intp), mode="wrap")
-            if ma_at is not None:
-                # ARMA cells are deflated by the point estimate: their long-run variance
-                # learns at all times (below), and what the MA term leaves is real.
-                f_at = f[ma_at]
-            f -= padl
-            if ma_at is not None:
-                f[ma_at] = f_at
-            np.maximum(f, np.float32(1.0), out=f)
-            np.sqrt(f, out=f)
-            z /= f
+        if self.cfg.lrv_window == 0:
+            return
+        # Persistence the whitening left in (a slow wander under measurement noise:
+        # small lag-1, long memory) makes sums of z spread wider than sqrt(count).
+        f = v["lv"] * np.float32(self._lrv_unit)
+        if v.na_min >= self._ns_max:
+            padl: F32 | np.float32 = self._lrv_pad32[self.cfg.ar_window]
+        else:
+            padl = np.take(self._ns_pad_lrv32, v.na().astype(np.intp), mode="wrap")
+        if arma.at is not None:
+            # ARMA cells are deflated by the point estimate: their long-run variance
+            # learns at all times, and what the MA term leaves is real.
+            f_at = f[arma.at]
+        f -= padl
+        if arma.at is not None:
+            f[arma.at] = f_at
+        np.maximum(f, np.float32(1.0), out=f)
+        np.sqrt(f, out=f)
+        z /= f
 
-        # Bank (float32: the statistics need no more precision).
+    # -- the bank -------------------------------------------------------------------
+    def _bank_step(self, v: _Cells, z: F32) -> tuple[F32, F32, bool, _Mask | None]:
+        """Advance every member's statistics by z (float32: they need no more precision).
+
+        Returns the statistics and run lengths of `v`'s cells, whether any statistic
+        crossed h, and the mask of cells riding along (None when there are none).
+        """
+        sel, size, burn, c = v.sel, v.size, v.burn, self.cfg.clip
+        zeros = self._buf("zero", size, 0.0)
+        nb = v["nb"]
         bank, run = _get(self._bank, sel), _get(self._run, sel)
-        nb_min = int(nb.min())
         fire = False
-        h32 = np.float32(self.h)
+        h32 = np.float32(self.cfg.h)
         live: F32 | None = None
-        idle: npt.NDArray[np.bool_] | None = None
+        idle: _Mask | None = None
         if burn is not None:
             # Cells riding along (z = 0 there) get half = 0 too, so their steps are +0 and
             # their statistics stay as they were: one product per member instead of two
@@ -803,16 +687,16 @@ class BankCusum:
             a_up = dz_j - half  # delta*z - delta²/2: one window's log-likelihood ratio
             a_dn = dz_j
             a_dn += half  # delta*z + delta²/2 = -(the down side's LLR)
-            if dj * c - half32 > self.step_cap:
+            if dj * c - half32 > self.cfg.step_cap:
                 # Huber's censored likelihood ratio: no window adds more than step_cap,
                 # so a run of heavy-tailed outliers needs more windows to alarm.
-                np.minimum(a_up, self._buf("cap", size, self.step_cap), out=a_up)
-                np.maximum(a_dn, self._buf("ncap", size, -self.step_cap), out=a_dn)
+                np.minimum(a_up, self._buf("cap", size, self.cfg.step_cap), out=a_up)
+                np.maximum(a_dn, self._buf("ncap", size, -self.cfg.step_cap), out=a_dn)
             up += a_up
             np.maximum(up, zeros, out=up)
             dn -= a_dn
             np.maximum(dn, zeros, out=dn)
-            if nb_min < self._mature_at[j]:
+            if v.nb_min < self._mature_at[j]:
                 ripe = nb >= self._mature_at[j]
                 up *= ripe
                 dn *= ripe
@@ -827,190 +711,225 @@ class BankCusum:
                     run[0] *= (up > 0) | idle
                     run[1] *= (dn > 0) | idle
             fire = fire or bool(up.max() > h32) or bool(dn.max() > h32)
-        if not dense:
+        if not v.dense:
             for j in range(bank.shape[0]):
                 self._bank[j][sel] = bank[j]
             self._run[0][sel], self._run[1][sel] = run[0], run[1]
+        return bank, run, fire, idle
 
-        # Lagged baseline: fold in the sample that just left the ring, if any.
+    # -- lagged baseline: level, scale, AR and long-run variance ----------------------
+    def _lagged_update(
+        self, v: _Cells, xl: F64, marg: F32, run: F32, idle: _Mask | None, arma: _Arma
+    ) -> None:
+        """Fold the sample that just left the ring (if any) into the slow estimates."""
+        rl, w, off = self._lagged_deviations(v, xl, marg)
+        a_b = self._level_rate(v, w, off is None)
+        rates = self._rates(v, w, off is None)
+        mu, sig, phi, lprev = v["mu"], v["sig"], v["phi"], v["lprev"]
+        step = sig * rl
+        step *= a_b
+        mu += step
+        el = phi * lprev  # the lagged innovation
+        np.subtract(rl, el, out=el)
+        if self.cfg.lrv_window > 0:
+            self._long_run_variance(v, el, run, w, off, rates.a_p, arma)
+        self._scale(v, el, rates.a_s)
+        est, at = self._ar(v, rl, rates, idle)
+        if arma.theta is not None:
+            self._ma_theta(v, est, at, arma, idle)
+        lprev2 = v["lprev2"]
+        keep = None if off is None else lprev[off]
+        if self.cfg.ar2_margin > 0:
+            keep2 = None if off is None else lprev2[off]
+            lprev2[...] = lprev
+            if keep2 is not None:
+                lprev2[off] = keep2
+        lprev[...] = rl
+        if keep is not None:
+            lprev[off] = keep
+        v.changed("mu", "sig", "phi", "c0", "c1", "lprev")
+        if self.cfg.ar2_margin > 0:
+            v.changed("c2", "lprev2")
+
+    def _lagged_deviations(self, v: _Cells, xl: F64, marg: F32) -> tuple[F32, _Mask, I64 | None]:
+        """The lagged samples' deviations in sigmas (0 where there is none), which cells
+        have one, and the positions of those without (None: all have one)."""
         w = np.isfinite(xl)
-        if burn is not None:
-            w[burn] = False
-        all_w = bool(w.all())
+        if v.burn is not None:
+            w[v.burn] = False
         # Positions, not a mask: writes through a scattered boolean mask are slow.
-        off = None if all_w else np.flatnonzero(~w)
-        rl64 = xl - mu
+        off = None if bool(w.all()) else np.flatnonzero(~w)
+        rl64 = xl - v["mu"]
         if off is not None:
             rl64[off] = 0.0
-        rl64 /= sig
+        rl64 /= v["sig"]
         rl = rl64.astype(np.float32)
         np.clip(rl, -self._dclip, self._dclip, out=rl)
         # The slow estimates also see each deviation bounded at `clip` marginal sigmas
         # (the burn-in's bound): one additive outlier then adds clip² to the lag-0
         # covariance, not (front-end bound)², and pulls phi down far less. A phi biased
-        # low under-whitens, and under-whitening pages (1% spikes: 2.0 -> 0.6 per 1e5).
-        lim = np.float32(c) / marg
+        # low under-whitens, and under-whitening pages.
+        lim = np.float32(self.cfg.clip) / marg
         np.minimum(rl, lim, out=rl)
         np.negative(lim, out=lim)
         np.maximum(rl, lim, out=rl)
-        bw = self.baseline_window
-        if all_w and nb_min >= bw:
-            a_b: F32 | float = 1.0 / bw
-        elif nb_min >= bw:
+        return rl, w, off
+
+    def _level_rate(self, v: _Cells, w: _Mask, all_w: bool) -> F32 | float:
+        """The level's weight for the lagged sample: 1 / count up to `baseline_window`."""
+        nb, bw = v["nb"], self.cfg.baseline_window
+        if all_w and v.nb_min >= bw:
+            return 1.0 / bw
+        if v.nb_min >= bw:
             # Every level already rests on its window: one weight, masked, no lookups.
-            a_b = w * self._inv_n32[bw]
             if int(nb.max()) > bw:
-                s["nb"][sel] = bw
-        else:
-            np.add(nb, w, out=nb)
-            np.minimum(nb, bw, out=nb)
-            # 1 / count: a running mean until the window (nb <= baseline_window: in range).
-            ab = np.take(self._inv_n32, nb.astype(np.intp), mode="wrap")
-            if not all_w:
-                ab *= w
-            a_b = ab
-            if not dense:
-                s["nb"][sel] = nb
-        # Two counts: ns for the scale, na for the AR and long-run variance estimates
-        # (na runs ahead of ns in a cell that started from its family's estimates).
-        ns_max = self._ns_max
-        ar_sat = na_min >= ns_max
-        sat = ns_min >= ns_max and ar_sat
-        ns_sat = all_w and sat
-        if ns_sat:
-            a_s: F32 | float = 1.0 / self.scale_window
-            a_p: F32 | float = 1.0 / self.ar_window
-        elif sat:
+                nb[...] = bw
+                v.changed("nb")
+            a_b: F32 = w * self._inv_n32[bw]
+            return a_b
+        np.add(nb, w, out=nb)
+        np.minimum(nb, bw, out=nb)
+        v.changed("nb")
+        # 1 / count: a running mean until the window (nb <= baseline_window: in range).
+        ab = np.take(self._inv_n32, nb.astype(np.intp), mode="wrap")
+        if not all_w:
+            ab *= w
+        return ab
+
+    def _rates(self, v: _Cells, w: _Mask, all_w: bool) -> _Rates:
+        """Weights of the lagged sample in the scale and in the AR and long-run variance
+        estimates, by their counts: ns for the scale, na for the others (na runs ahead of
+        ns in a cell that started from its family's estimates)."""
+        ns, na, ns_max = v["ns"], v.na(), self._ns_max
+        sw, aw = self.cfg.scale_window, self.cfg.ar_window
+        ar_sat = v.na_min >= ns_max
+        sat = v.ns_min >= ns_max and ar_sat
+        if all_w and sat:
+            return _Rates(1.0 / sw, 1.0 / aw, None, None, ar_sat, ns_sat=True)
+        if sat:
             # Saturated but for absent cells: the same weights as below, without lookups.
             if int(ns.max()) > ns_max:
-                s["ns"][sel] = ns_max
-            inv32: F32 | np.float32 = self._inv_n32[self.ar_window]
-            pad: F32 | np.float32 = self._ar_pad32[self.ar_window]
-            a_p = w * inv32
-            a_s = w * self._inv_n32[self.scale_window]
+                ns[...] = ns_max
+                v.changed("ns")
+            inv32: F32 | np.float32 = self._inv_n32[aw]
+            pad: F32 | np.float32 = self._ar_pad32[aw]
+            return _Rates(w * self._inv_n32[sw], w * inv32, inv32, pad, ar_sat, ns_sat=False)
+        np.add(ns, w, out=ns)
+        np.minimum(ns, ns_max, out=ns)
+        v.changed("ns")
+        if v.split:
+            np.add(na, w, out=na)
+            np.minimum(na, ns_max, out=na)
+            v.changed("na")
+        nai = na.astype(np.intp)
+        inv32 = np.take(self._ns_inv_ar32, nai, mode="wrap")  # 1 / min(na, ar_window)
+        pad = np.take(self._ns_pad_ar32, nai, mode="wrap")
+        a_p = inv32 if all_w else inv32 * w
+        same = not v.split or bool(np.array_equal(ns, na))
+        if (sw == aw or int(ns.max()) <= min(sw, aw)) and same:
+            a_s: F32 = a_p  # min(ns, scale_window) == min(na, ar_window): the same weights
         else:
-            np.add(ns, w, out=ns)
-            np.minimum(ns, ns_max, out=ns)
-            if split:
-                np.add(na, w, out=na)
-                np.minimum(na, ns_max, out=na)
-            if not dense:
-                s["ns"][sel] = ns
-                if split:
-                    s["na"][sel] = na
-            nai = na.astype(np.intp)
-            inv32 = np.take(self._ns_inv_ar32, nai, mode="wrap")  # 1 / min(na, ar_window)
-            pad = np.take(self._ns_pad_ar32, nai, mode="wrap")
-            a_p = inv32 if all_w else inv32 * w
-            sw, aw = self.scale_window, self.ar_window
-            same = not split or bool(np.array_equal(ns, na))
-            if (sw == aw or int(ns.max()) <= min(sw, aw)) and same:
-                a_s = a_p  # min(ns, scale_window) == min(na, ar_window): the same weights
-            else:
-                a_s = np.take(self._ns_inv_scale32, ns.astype(np.intp), mode="wrap")
-                if not all_w:
-                    a_s *= w
-        step = sig * rl
-        step *= a_b
-        mu += step
-        # Scale: stochastic approximation to the Huber proposal-2 fixed point
-        # E[min(e², c²)] = kappa, multiplicative so sigma stays positive.
-        el = phi * lprev
-        np.subtract(rl, el, out=el)
-        if self.lrv_window > 0:
-            # Long-run variance of the lagged innovations: the mean square of their EW
-            # mean over `lrv_window`. Lagged, so a fresh shift does not inflate it before
-            # it alarms.
-            # It learns only while no shift is building up: a shift the bank has not
-            # called within `history` windows (slow, or vetoed) reaches the lagged samples,
-            # and its mean would read as persistence and deflate its own evidence.
-            lm, lv = _get(s["lm"], sel), _get(s["lv"], sel)
-            # 1.0 where it learns, 0.0 else (a product and a plain add beat a masked add).
-            calm = np.maximum(run[0], run[1])
-            np.less_equal(calm, np.float32(_LRV_CALM_RUN), out=calm, casting="unsafe")
-            if ma_at is not None:
-                # ARMA cells always learn: their innovations keep more slow power than
-                # an AR(1)'s, so runs past the calm bound are common there, and a
-                # long-run variance that stopped learning would let it page.
-                calm[ma_at] = 1.0
+            a_s = np.take(self._ns_inv_scale32, ns.astype(np.intp), mode="wrap")
             if not all_w:
-                calm *= w
-            e = np.clip(el, -c, c)
-            if th_now is not None:
-                # The same recursion on the lagged innovations (their long-run variance
-                # is the ARMA innovations' in ARMA cells), u = w where theta is 0.
-                # Cells without a lagged sample keep their state.
-                ul = self._ma_recursion("ulprev", sel, el, ma_at, th_at, off)
-                if ma_at is not None and ul is not None:
-                    e[ma_at] = np.clip(ul, -c, c)
-            e -= lm
-            e *= calm
-            e *= np.float32(1.0 / self.lrv_window)
-            lm += e
-            np.multiply(lm, lm, out=e)
-            e -= lv
-            e *= a_p
-            e *= calm
-            lv += e
-            if not dense:
-                s["lm"][sel], s["lv"][sel] = lm, lv
+                a_s *= w
+        return _Rates(a_s, a_p, inv32, pad, ar_sat, ns_sat=False)
+
+    def _long_run_variance(
+        self,
+        v: _Cells,
+        el: F32,
+        run: F32,
+        w: _Mask,
+        off: I64 | None,
+        a_p: F32 | float,
+        arma: _Arma,
+    ) -> None:
+        """Update `lm`, the EW mean of the lagged innovations over `lrv_window`, and `lv`,
+        its mean square: their long-run variance. Lagged, so a fresh shift does not
+        inflate it before it alarms. It learns only while no shift is building up: a
+        shift the bank has not called within `history` windows (slow, or vetoed) reaches
+        the lagged samples, and its mean would read as persistence and deflate its own
+        evidence."""
+        c = self.cfg.clip
+        lm, lv = v["lm"], v["lv"]
+        # 1.0 where it learns, 0.0 else (a product and a plain add beat a masked add).
+        calm = np.maximum(run[0], run[1])
+        np.less_equal(calm, np.float32(_LRV_CALM_RUN), out=calm, casting="unsafe")
+        if arma.at is not None:
+            # ARMA cells always learn: their innovations keep more slow power than an
+            # AR(1)'s, so runs past the calm bound are common there, and a long-run
+            # variance that stopped learning would let it page.
+            calm[arma.at] = 1.0
+        if off is not None:
+            calm *= w
+        e = np.clip(el, -c, c)
+        if arma.theta is not None:
+            # The same recursion on the lagged innovations (their long-run variance is the
+            # ARMA innovations' in ARMA cells). Cells without a lagged sample keep theirs.
+            ul = self._ma_recursion(v, "ulprev", el, arma, off)
+            if arma.at is not None and ul is not None:
+                e[arma.at] = np.clip(ul, -c, c)
+        e -= lm
+        e *= calm
+        e *= np.float32(1.0 / self.cfg.lrv_window)
+        lm += e
+        np.multiply(lm, lm, out=e)
+        e -= lv
+        e *= a_p
+        e *= calm
+        lv += e
+        v.changed("lm", "lv")
+
+    def _scale(self, v: _Cells, el: F32, a_s: F32 | float) -> None:
+        """Scale: stochastic approximation to the Huber proposal-2 fixed point
+        E[min(e², c²)] = kappa, multiplicative so sigma stays positive; then the floors.
+        Squares `el` in place."""
+        c, mu, sig = self.cfg.clip, v["mu"], v["sig"]
         el *= el
-        np.minimum(el, self._buf("c2", size, c * c), out=el)
+        np.minimum(el, self._buf("c2", v.size, c * c), out=el)
         el *= np.float32(0.5 / self._kappa)
         el -= np.float32(0.5)
         el *= a_s
         el += np.float32(1.0)
         sig *= el
-        fmax = max(self.rel_floor * max(abs(float(mu.max())), abs(float(mu.min()))), self.abs_floor)
+        rel, absf = self.cfg.rel_floor, self.cfg.abs_floor
+        fmax = max(rel * max(abs(float(mu.max())), abs(float(mu.min()))), absf)
         if fmax >= float(sig.min()):
             floor = np.abs(mu)
-            floor *= self.rel_floor
-            np.maximum(floor, self.abs_floor, out=floor)
+            floor *= rel
+            np.maximum(floor, absf, out=floor)
             np.maximum(sig, floor, out=sig)
-        # AR(1): EW lag-0 / lag-1 autocovariances of the lagged deviations.
+
+    def _ar(self, v: _Cells, rl: F32, r: _Rates, idle: _Mask | None) -> tuple[F32, I64 | None]:
+        """EW lag-0/1/2 autocovariances of the lagged deviations and the AR coefficient in
+        use: a bias-corrected upper confidence bound (over-whitening costs a little power,
+        under-whitening costs false pages). Returns it and, with the MA term on, the cells
+        that are ARMA(1,1) now (None otherwise)."""
+        c0: F32 = v["c0"]
+        c1: F32 = v["c1"]
+        c2, phi = v["c2"], v["phi"]
         tmp = rl * rl
         tmp -= c0
-        tmp *= a_p
+        tmp *= r.a_p
         c0 += tmp
-        tmp = rl * lprev
+        tmp = rl * v["lprev"]
         tmp -= c1
-        tmp *= a_p
+        tmp *= r.a_p
         c1 += tmp
-        est = c1 / (c0 + _EPS32)
-        lcb = None
-        if self.ar2_margin > 0:
-            # A slow signal under measurement noise is an ARMA(1,1): its lag-1
-            # autocorrelation understates phi (0.45 for phi 0.9 under noise of the
-            # same variance), and whitening with it pages (about 100 false alarms per
-            # 1e5). phi is then c2/c1; its lower confidence bound, margin / (r1 sqrt n)
-            # below, only wins where it clearly exceeds the AR(1) bound.
-            lcb = rl * lprev2
-            lcb -= c2
-            lcb *= a_p
-            c2 += lcb
-            np.divide(c2, np.maximum(c1, _EPS32), out=lcb)
-            np.minimum(lcb, np.float32(1.0), out=lcb)  # c1 near 0 or below: no estimate
-            # margin / sqrt(min(ns, ar_window)), from a table like the AR(1) pad.
-            pad2 = (
-                self._ar2_pad32[self.ar_window]
-                if ar_sat
-                else np.take(self._ns_pad_ar2_32, na.astype(np.intp), mode="wrap")
-            )
-            r1 = np.maximum(est, np.float32(1e-3))
-            np.divide(pad2, r1, out=r1)
-            lcb -= r1
-        # Use a bias-corrected upper confidence bound on phi: over-whitening costs a
-        # little power, under-whitening costs false pages.
-        if ns_sat:
-            inv = np.float32(1.0 / self.ar_window)
+        est: F32 = c1 / (c0 + _EPS32)
+        lcb = self._lag2_bound(v, rl, est, r) if self.cfg.ar2_margin > 0 else None
+        if r.ns_sat:
+            inv = np.float32(1.0 / self.cfg.ar_window)
             est *= 1.0 + 3.0 * inv
-            est += inv + np.float32(self.ar_margin) * np.sqrt(inv)
+            est += inv + np.float32(self.cfg.ar_margin) * np.sqrt(inv)
         else:
-            est += (1.0 + 3.0 * est) * inv32
-            est += pad
+            assert r.inv32 is not None  # noqa: S101 - set unless ns_sat
+            assert r.pad is not None  # noqa: S101 - set unless ns_sat
+            est += (1.0 + 3.0 * est) * r.inv32
+            est += r.pad
         at = None
         if lcb is not None:
-            if self.ma_max > 0:
+            if self.cfg.ma_max > 0:
                 # Where c2/c1's lower bound clearly beats the AR(1) bound, the cell is an
                 # ARMA(1,1): whiten with c2/c1 itself and let the MA term undo what
                 # that over-whitens (the bound alone under-whitens the slow part).
@@ -1021,271 +940,71 @@ class BankCusum:
                     ratio = c2[at] / np.maximum(c1[at], _EPS32)
                     lcb[at] = np.minimum(ratio, np.float32(1.0))
             np.maximum(est, lcb, out=est)
-        np.clip(est, 0.0, self.ar_max, out=est)
-        if burn is not None:
-            est[burn] = phi[burn]  # recomputing could differ in the last bit: keep it
+        np.clip(est, 0.0, self.cfg.ar_max, out=est)
+        if v.burn is not None:
+            est[v.burn] = phi[v.burn]  # recomputing could differ in the last bit: keep it
         phi[...] = est
-        if th_now is not None:
-            # MA(1) term where phi came from c2/c1 (a slow signal under noise): theta
-            # from the lag-1 autocorrelation rho of w = d - phi d_prev that c0, c1, c2
-            # imply (w = u - theta u_prev: theta / (1 + theta²) = -rho), at most ma_max.
-            if at is None:
-                at = np.empty(0, dtype=np.int64)
-            if ma_at is not None:
-                # Cells that were ARMA: to 0 unless recomputed below (burning ones keep it).
-                old = ma_at if idle is None else ma_at[~idle[ma_at]]
-                th_now[old] = 0.0
-            if at.size:
-                fa, a0, a1, a2 = est[at], c0[at], c1[at], c2[at]
-                p2 = fa * fa + np.float32(1.0)
-                gw0 = a0 * p2 - np.float32(2.0) * fa * a1
-                gw1 = a1 * p2 - fa * (a0 + a2)
-                r = -gw1 / np.maximum(gw0, _EPS32)
-                np.clip(r, np.float32(1e-6), np.float32(self._ma_rmax), out=r)
-                t1 = np.float32(1.0) - np.sqrt(np.float32(1.0) - np.float32(4.0) * r * r)
-                th_now[at] = t1 / (np.float32(2.0) * r)
-            if not dense and (at.size or ma_at is not None):
-                s["theta"][sel] = th_now
-        keep = None if off is None else lprev[off]
-        if self.ar2_margin > 0:
-            keep2 = None if off is None else lprev2[off]
-            lprev2[...] = lprev
-            if keep2 is not None:
-                lprev2[off] = keep2
-        lprev[...] = rl
-        if keep is not None:
-            lprev[off] = keep
-        if not dense:
-            for name, arr in (("mu", mu), ("sig", sig), ("phi", phi), ("c0", c0), ("c1", c1)):
-                s[name][sel] = arr
-            s["dprev"][sel], s["lprev"][sel] = dprev, lprev
-            s["c2"][sel], s["lprev2"][sel] = c2, lprev2
+        return est, at
 
-        if jumped is None and not fire:
-            return Detections.empty()
-        stat = bank.max(axis=0)
-        hit = stat > h32
-        if jumped is not None:
-            hit |= jumped
-            np.maximum(stat, h32, out=stat, where=jumped)
-        idx = np.flatnonzero(hit)
-        return self._alarm(_cells_of(sel)[idx], t[idx], stat[idx].astype(np.float64))
+    def _lag2_bound(self, v: _Cells, rl: F32, est: F32, r: _Rates) -> F32:
+        """Update the lag-2 autocovariance; the lower confidence bound of c2/c1.
 
-    def _ma_recursion(
-        self,
-        name: str,
-        sel: slice | I64,
-        w: F32,
-        ma_at: I64 | None,
-        th_at: F32 | None,
-        keep: I64 | None,
-    ) -> F32 | None:
-        """Advance the MA state `name`: u = w + theta u_prev in the ARMA cells `ma_at`, u = w
-        elsewhere, bounded at dclip; cells at `keep` keep theirs. The ARMA cells' u in its
-        own sigmas (u sqrt(1 + theta²)), or None when there are none."""
-        prev = _get(self._s[name], sel)
-        u_at = None
-        if ma_at is not None and th_at is not None:
-            u_at = th_at * prev[ma_at]
-            u_at += w[ma_at]
-            np.clip(u_at, -self._dclip, self._dclip, out=u_at)
-        kept = None if keep is None else prev[keep]
-        np.clip(w, -self._dclip, self._dclip, out=prev)
-        if ma_at is not None and u_at is not None and th_at is not None:
-            prev[ma_at] = u_at
-            u_at = u_at * np.sqrt(th_at * th_at + np.float32(1.0))
-        if keep is not None and kept is not None:
-            prev[keep] = kept
-        if not isinstance(sel, slice):
-            self._s[name][sel] = prev
-        return u_at
-
-    def _jump_runs(
-        self, sel: slice | I64, dz: F32, phi: F32, marg: F32, ns: I32, burn: I64 | None
-    ) -> npt.NDArray[np.bool_] | None:
-        """Count consecutive windows beyond `jump` marginal sigmas on one side; the mask of
-        cells whose run reached `jump_windows` (None when none did).
-
-        A step of many sigmas is obvious long before the bank's capped steps add up to h.
-        `jump_windows` windows in a row beyond `jump` sigmas of the level's own spread is
-        rare under any tail the front-end admits (Student-t3: about 1e-8 per window), so
-        the rule is safe without a threshold of its own. Under autocorrelation one huge
-        innovation also stays beyond the bound for a few windows, decaying as phi^k; a
-        run only grows when its window is not that decay: it must exceed phi times the
-        previous deviation by half of what a step at the bound would add, jump*(1-phi)/2.
+        A slow signal under measurement noise is an ARMA(1,1): its lag-1 autocorrelation
+        understates phi, and whitening with it pages. phi is then c2/c1; its lower
+        confidence bound, margin / (r1 sqrt n) below, only wins where it clearly exceeds
+        the AR(1) bound.
         """
-        jr, jm = _get(self._s["jr"], sel), _get(self._s["jm"], sel)
-        m = marg * dz
-        j32 = np.float32(self.jump)
-        # Windows beyond the bound are rare: extend those runs; every other run is +0.
-        new = np.zeros(m.size, dtype=np.float32)
-        for side, at in ((1.0, np.flatnonzero(m > j32)), (-1.0, np.flatnonzero(m < -j32))):
-            if not at.size:
-                continue
-            sgn = np.float32(side)
-            p_at, run = phi[at], jr[at] * sgn
-            # The innovation of this window in marginal sigmas, towards the run's side.
-            fresh = (m[at] - p_at * jm[at]) * sgn
-            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
-            new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
-        if int(ns.min()) < _JUMP_AFTER:
-            new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
-        if burn is not None:
-            new[burn], m[burn] = jr[burn], jm[burn]
-        # Through the state arrays: a slice writes in place, an index array scatters.
-        self._s["jr"][sel], self._s["jm"][sel] = new, m
-        np.abs(new, out=new)
-        reached = new >= np.float32(self.jump_windows)
-        return reached if bool(reached.any()) else None
+        c1, c2 = v["c1"], v["c2"]
+        lcb: F32 = rl * v["lprev2"]
+        lcb -= c2
+        lcb *= r.a_p
+        c2 += lcb
+        np.divide(c2, np.maximum(c1, _EPS32), out=lcb)
+        np.minimum(lcb, np.float32(1.0), out=lcb)  # c1 near 0 or below: no estimate
+        # margin / sqrt(min(na, ar_window)), from a table like the AR(1) pad.
+        pad2 = (
+            self._ar2_pad32[self.cfg.ar_window]
+            if r.ar_sat
+            else np.take(self._ns_pad_ar2_32, v.na().astype(np.intp), mode="wrap")
+        )
+        r1 = np.maximum(est, np.float32(1e-3))
+        np.divide(pad2, r1, out=r1)
+        lcb -= r1
+        return lcb
 
-    # -- rare paths: alarms and baselines --------------------------------------------
+    def _ma_theta(
+        self, v: _Cells, est: F32, at: I64 | None, arma: _Arma, idle: _Mask | None
+    ) -> None:
+        """The MA(1) coefficient where phi came from c2/c1 (a slow signal under noise):
+        theta from the lag-1 autocorrelation rho of w = d - phi d_prev that c0, c1, c2
+        imply (w = u - theta u_prev: theta / (1 + theta²) = -rho), at most ma_max; 0 in
+        the other cells (riding ones keep theirs)."""
+        theta = arma.theta
+        assert theta is not None  # noqa: S101 - only called with the MA term on
+        if at is None:
+            at = np.empty(0, dtype=np.int64)
+        if arma.at is not None:
+            old = arma.at if idle is None else arma.at[~idle[arma.at]]
+            theta[old] = 0.0
+        if at.size:
+            fa, a0, a1, a2 = est[at], v["c0"][at], v["c1"][at], v["c2"][at]
+            p2 = fa * fa + np.float32(1.0)
+            gw0 = a0 * p2 - np.float32(2.0) * fa * a1
+            gw1 = a1 * p2 - fa * (a0 + a2)
+            r = -gw1 / np.maximum(gw0, _EPS32)
+            np.clip(r, np.float32(1e-6), np.float32(self._ma_rmax), out=r)
+            t1 = np.float32(1.0) - np.sqrt(np.float32(1.0) - np.float32(4.0) * r * r)
+            theta[at] = t1 / (np.float32(2.0) * r)
+        if at.size or arma.at is not None:
+            v.changed("theta")
+
+    # -- baselines (alarms are in bank_alarm) -------------------------------------
     def _chrono(self, cells: I64) -> tuple[F64, F64]:
         """Ring values and times of `cells`, oldest first, one row per cell."""
-        order = (self._s["pos"][cells, None] + np.arange(self.history)) % self.history
+        order = (self._s["pos"][cells, None] + np.arange(self.cfg.history)) % self.cfg.history
         vals = np.take_along_axis(self._ring[:, cells].T, order, axis=1).astype(np.float64)
         times = np.take_along_axis(self._tring[:, cells].T, order, axis=1).astype(np.float64)
         return vals, times
-
-    def _alarm(self, cells: I64, t: F64, stat: F64) -> Detections:
-        s, k, hist = self._s, self.n_metrics, self.history
-        vals, times = self._chrono(cells)
-        mu = s["mu"][cells]
-        fin = np.isfinite(vals)
-        bank = self._bank[:, cells]
-        jr = s["jr"][cells]
-        jumped = np.abs(jr) >= self.jump_windows
-        up = np.where(jumped, jr > 0, bank[0::2].max(axis=0) >= bank[1::2].max(axis=0))
-        sign = np.where(up, 1.0, -1.0)
-        # Onset: maximum-likelihood split against the known baseline level, i.e. the
-        # suffix maximising (signed suffix sum)² / suffix length.
-        d = np.where(fin, (vals - mu[:, None]) * sign[:, None], 0.0)
-        # Deviations bounded, so that one outlier left in the ring cannot drag the split
-        # towards itself: at `clip` marginal sigmas (a looser bound, the front-end's, let one
-        # 5-sigma window on top of a slow drift become the whole post-change segment, and
-        # `after` that window's value), or 1.5x the newest samples' shift for a step larger
-        # than that (a tighter bound would blur a big step's onset).
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tail: no estimate
-            recent = np.nanmedian(vals[:, -4:], axis=1)
-        step = np.nan_to_num(np.abs(recent - mu), nan=0.0)
-        marg = np.sqrt(1.0 - s["phi"][cells].astype(np.float64) ** 2)
-        bnd = self.clip * s["sig"][cells] / marg  # `clip` marginal sigmas of the level
-        lim = np.maximum(bnd, 1.5 * step)[:, None]
-        d = np.clip(d, -lim, lim)
-        suf = np.cumsum(d[:, ::-1], axis=1)[:, ::-1]
-        cnt = np.cumsum(fin[:, ::-1], axis=1)[:, ::-1]
-        gain = np.where(fin & (suf > 0), suf * suf / np.maximum(cnt, 1), -1.0)
-        oldest = np.argmax(fin, axis=1)
-        # Chronological index of the first post-change sample (the oldest valid one when no
-        # suffix leans the alarm's way, e.g. when whitening made the alarm).
-        first = np.where(gain.max(axis=1) > 0, gain.argmax(axis=1), oldest)
-        rix = np.arange(cells.size)
-        onset = times[rix, np.maximum(first - 1, 0)]
-        # No earlier time known (the split is at the ring's oldest slot): the first
-        # post-change sample's own time.
-        onset = np.where((first > 0) & np.isfinite(onset), onset, times[rix, first])
-        # A shift slow enough that only the smallest member fired may have begun before the
-        # ring: then extrapolate that member's run back at the ring's median spacing.
-        smallest = np.argmax(bank, axis=0) < 2
-        run = np.where(up, self._run[0, cells], self._run[1, cells]).astype(np.float64)
-        gaps = np.where(fin[:, 1:] & fin[:, :-1], np.diff(times, axis=1), np.nan)
-        n_valid = fin.sum(axis=1)
-        early = smallest & ~jumped & (run > n_valid) & (n_valid >= 2)
-        if early.any():
-            spacing = np.nanmedian(gaps[early], axis=1)
-            onset[early] = np.where(
-                np.isfinite(spacing), t[early] - run[early] * spacing, onset[early]
-            )
-        post = fin & (np.arange(hist) >= first[:, None])
-        if self.spread_veto > 0:
-            # A burst of spread is not a shift of level: an alarm whose recent windows
-            # spread much wider than the scale its evidence assumed is vetoed, and that
-            # evidence is rescaled to the local spread (the CUSUM goes on from there).
-            r2 = self._local_spread2(cells, vals, post, mu)
-            # Unless the shift stands at the local spread too: the post-change segment's
-            # GLR with the variance r2 times larger reaches 2h (2h: the split picked the
-            # segment that maximises it). A 40% step whose noise grew with the level is
-            # still a step; a burst's lean is not.
-            n_post = post.sum(axis=1)
-            lean = np.where(post, d, 0.0).sum(axis=1) / np.maximum(n_post, 1)
-            lean *= (1.0 - s["phi"][cells]) / s["sig"][cells]
-            glr = 0.5 * n_post * lean * lean / r2
-            # And unless the vetoes have kept coming for longer than a burst lasts: a
-            # shift whose noise also grew (thermal throttling: lower and jumpier) would
-            # otherwise wait for the slow scale. An alarm whose level did not move then
-            # meets `min_rel_change` like any other.
-            n_now = s["n"][cells].astype(np.int64)
-            vfirst, vlast = s["vfirst"][cells], s["vlast"][cells]
-            recurring = (vlast > 0) & (n_now - vlast <= _SPREAD_PERSIST)
-            persists = recurring & (n_now - vfirst >= _SPREAD_PERSIST)
-            keep = jumped | (r2 <= self.spread_veto**2 * stat / self.h) | (glr >= 2.0 * self.h)
-            keep |= persists
-            if not keep.all():
-                drop = cells[~keep]
-                self._stats["vetoed"] += int(drop.size)
-                s["vfirst"][drop] = np.where(recurring[~keep], vfirst[~keep], n_now[~keep])
-                s["vlast"][drop] = n_now[~keep]
-                self._bank[:, drop] /= r2[~keep].astype(np.float32)
-                cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]
-                vals, post, onset = vals[keep], post[keep], onset[keep]
-                if not cells.size:
-                    return Detections.empty()
-        after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
-        before = mu
-        big = np.abs(after - before) >= self.min_rel_change * np.maximum(
-            np.abs(before), self.abs_floor
-        )
-        n_big = int(np.count_nonzero(big))
-        self._stats["reported"] += n_big
-        self._stats["below_min_change"] += int(big.size) - n_big
-
-        # Re-baseline every alarming cell on its post-onset samples; drop the older ones.
-        s["jr"][cells] = 0.0
-        s["jm"][cells] = 0.0
-        s["vfirst"][cells] = 0
-        s["vlast"][cells] = 0
-        self._bank[:, cells] = 0.0
-        self._run[:, cells] = 0.0
-        slots = (s["pos"][cells, None] + np.arange(hist)) % hist
-        ring = self._ring[:, cells].T.copy()
-        np.put_along_axis(ring, slots, np.where(post, vals, np.nan).astype(np.float32), axis=1)
-        self._ring[:, cells] = ring.T
-        k_post = post.sum(axis=1).astype(np.int32)
-        s["n"][cells] = k_post
-        ready = k_post >= self.burn_in
-        if ready.any():
-            self._baseline(cells[ready])
-        return Detections(
-            rows=cells[big] // k,
-            cols=cells[big] % k,
-            detected_ts=t[big] + self._t0,
-            onset_ts=onset[big] + self._t0,
-            before=before[big],
-            after=after[big],
-            score=stat[big] / self.h,
-        )
-
-    def _local_spread2(self, cells: I64, vals: F64, post: npt.NDArray[np.bool_], mu: F64) -> F64:
-        """Squared ratio of the ring's recent spread to the cell's scale (>= 1; 1 if unknown).
-
-        The spread comes from successive differences, which a level step moves in one
-        pair only (the pair across the onset is left out), over the last `_SPREAD_PAIRS`
-        pairs: the clipped mean square of the differences, in innovation units (the
-        difference of an AR(1) has variance 2 sigma^2 / (1 + phi)), over its Gaussian
-        value. A 3x burst of spread reads about 4; clean noise about 1 +- 0.35.
-        """
-        s, c = self._s, self.clip
-        dev = (vals - mu[:, None]) / s["sig"][cells][:, None]
-        dd = np.diff(dev, axis=1)
-        pre = np.isfinite(vals) & ~post
-        ok = (post[:, 1:] & post[:, :-1]) | (pre[:, 1:] & pre[:, :-1])
-        ok[:, :-_SPREAD_PAIRS] = False
-        q = np.where(ok, dd * dd, 0.0)
-        q *= (1.0 + s["phi"][cells].astype(np.float64))[:, None] * 0.5
-        np.minimum(q, c * c, out=q)
-        cnt = ok.sum(axis=1)
-        r2 = q.sum(axis=1) / np.maximum(cnt, 1) / self._kappa
-        return np.where(cnt >= _SPREAD_MIN_PAIRS, np.maximum(r2, 1.0), 1.0)
 
     def _baseline(self, cells: I64) -> None:
         """(Re)set the level from the ring's samples; a never-baselined cell also gets scale/AR."""
@@ -1296,7 +1015,7 @@ class BankCusum:
 
     def _first_baseline(self, cells: I64) -> None:
         """Scale and AR(1) coefficient from the burn-in samples of never-baselined cells."""
-        s, c = self._s, self.clip
+        s, c = self._s, self.cfg.clip
         vals, _ = self._chrono(cells)
         fin = np.isfinite(vals)
         count = fin.sum(axis=1).astype(np.float64)
@@ -1306,16 +1025,16 @@ class BankCusum:
         # MAD is 0 when most samples are equal (quantised metrics): fall back to the mean
         # absolute deviation, then to the floor, so the scale never collapses.
         mean_abs = np.nanmean(np.abs(d), axis=1) * math.sqrt(math.pi / 2.0)
-        floor = np.maximum(self.rel_floor * np.abs(mu), self.abs_floor)
+        floor = np.maximum(self.cfg.rel_floor * np.abs(mu), self.cfg.abs_floor)
         sx = np.maximum(np.where(mad > 0, mad, mean_abs), floor)
         dc = np.clip(d / sx[:, None], -c, c)  # level-sigma units
         both = fin[:, 1:] & fin[:, :-1]
         lag1 = np.where(both, dc[:, 1:] * dc[:, :-1], 0.0).sum(axis=1)
         lag0 = np.where(fin, dc * dc, 0.0).sum(axis=1)
         est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
-        est_bc = _unbiased_lag1(est, count)
+        est_bc = unbiased_lag1(est, count)
         phi = self._phi_bound(est_bc, count)
-        donor = self._donors(cells, est_bc, count)
+        donor = self._warm.donors(self, cells, est_bc, count)
         warm = donor >= 0
         if warm.any():
             # Whiten with the family's phi, so the scale is that of the innovations the
@@ -1334,133 +1053,18 @@ class BankCusum:
         s["c1"][cells] = est * ratio2
         s["c2"][cells] = est * est * ratio2  # as an AR(1): no lag-2 evidence yet
         s["lm"][cells] = 0.0
-        s["lv"][cells] = 1.0 / self._lrv_unit if self.lrv_window > 0 else 0.0
+        s["lv"][cells] = 1.0 / self._lrv_unit if self.cfg.lrv_window > 0 else 0.0
         s["lprev"][cells] = 0.0
         s["lprev2"][cells] = 0.0
         s["ns"][cells] = count.astype(np.int32)
         s["na"][cells] = count.astype(np.int32)
         if warm.any():
-            # The family's AR and long-run variance estimates (in innovation sigmas, so they
-            # carry over between streams of different scales), credited as `warm_start`
-            # samples: the cell whitens like a mature one from its first active window, and
-            # its own samples take over at the AR window's pace.
-            to, src = cells[warm], donor[warm]
-            if not self._split:
-                s["na"][...] = s["ns"]  # from here on the two counts are kept apart
-                self._split = True
-            self._credit = np.union1d(self._credit, to)
-            for name in ("phi", "c0", "c1", "c2", "lv", "theta"):
-                s[name][to] = s[name][src]
-            s["na"][to] = np.maximum(s["na"][to], min(self.warm_start, self._ns_max))
+            self._warm.borrow(self, cells[warm], donor[warm])
 
     def _phi_bound(self, est_bc: F64, count: F64) -> F64:
         """The AR coefficient in use from a bias-corrected lag-1 estimate on `count` samples:
         its upper confidence bound (under-whitening pages), within [0, ar_max]."""
-        return np.clip(est_bc + self.ar_margin / np.sqrt(count), 0.0, self.ar_max)
-
-    def _review_credit(self) -> None:
-        """Drop borrowed AR estimates from cells whose own fresh ring says they under-whiten.
-
-        A joiner that looked like its family in 32 burn-in samples may still be more
-        persistent (an AR(1) stream in a white family, one time in a few hundred): whitened
-        with the family's phi it pages until its own samples outweigh the credit. So each
-        time its ring has filled with new samples, its lag-1 autocorrelation there is set
-        against the phi in use; well above it, the cell starts over from the ring's own
-        estimates (their wide margin, its long-run variance afresh, its bank at zero).
-        """
-        s, credit = self._s, min(self.warm_start, self._ns_max)
-        c = self._credit
-        c = c[(s["na"][c] > s["ns"][c]) & (s["ns"][c] < credit)]  # forgotten, or own by now
-        self._credit = c
-        age = s["n"][c].astype(np.int64) - self.burn_in
-        due = c[(age > 0) & (age % self.history == 0)]
-        if due.size == 0:
-            return
-        vals, _ = self._chrono(due)
-        fin = np.isfinite(vals)
-        # Around the ring's own median, as at burn-in: a shift building up in the ring would
-        # read as persistence around the old level.
-        seen = np.asarray(fin.any(axis=1))
-        mid = np.nanmedian(np.where(seen[:, None], vals, 0.0), axis=1)
-        d = np.clip((vals - mid[:, None]) / s["sig"][due, None], -self._dclip, self._dclip)
-        d = np.where(fin, d, 0.0)
-        cnt = fin.sum(axis=1).astype(np.float64)
-        lag0 = (d * d).sum(axis=1)
-        lag1 = (d[:, 1:] * d[:, :-1]).sum(axis=1)
-        lag2 = (d[:, 2:] * d[:, :-2]).sum(axis=1)
-        est = np.clip(lag1 / np.maximum(lag0, 1e-12), -1.0, 1.0)
-        n = np.maximum(cnt, 1.0)
-        est_bc = _unbiased_lag1(est, n)
-        bad = (cnt >= _SPREAD_MIN_PAIRS) & (est_bc > s["phi"][due] + _WARM_WITHDRAW / np.sqrt(n))
-        if not bad.any():
-            return
-        cells, n_b = due[bad], n[bad]
-        s["c0"][cells] = lag0[bad] / n_b
-        s["c1"][cells] = lag1[bad] / n_b
-        s["c2"][cells] = lag2[bad] / n_b
-        s["phi"][cells] = self._phi_bound(est_bc[bad], n_b)
-        s["na"][cells] = n_b.astype(np.int32)
-        s["theta"][cells] = 0.0
-        s["lm"][cells] = 0.0
-        s["lv"][cells] = 1.0 / self._lrv_unit if self.lrv_window > 0 else 0.0
-        self._bank[:, cells] = 0.0  # evidence gathered under the wrong whitening
-        self._run[:, cells] = 0.0
-        self._credit = np.setdiff1d(self._credit, cells)
-        self._warm_stats["withdrawn"] += int(cells.size)
-
-    def _donors(self, cells: I64, est: F64, count: F64) -> I64:
-        """For each never-baselined cell, a mature cell of its family and column whose phi
-        is at the family's upper quartile (-1: none, fewer than `_WARM_MIN_DONORS`, or a
-        cell whose own burn-in disagrees with its family).
-
-        The upper quartile errs towards over-whitening, which costs a little power, not
-        false pages. `est` is the cell's own (bias-corrected) lag-1 autocorrelation from
-        `count` burn-in samples: a cell clearly more persistent than its family would be
-        under-whitened and page, one clearly less persistent would be over-whitened and
-        slow, so either keeps its own estimates. Families come with the wave (`update`'s
-        `groups`); the wave's rows are (re)labelled here, so only waves in which some
-        cell finishes burn-in pay.
-        """
-        out = np.full(cells.size, -1, dtype=np.int64)
-        if self._fam_in is None:
-            return out
-        s, k = self._s, self.n_metrics
-        rows_in, fam_in = self._fam_in
-        wave_cells = (rows_in[:, None] * k + np.arange(k)).ravel()
-        s["fam"][wave_cells] = np.repeat(fam_in + 1, k).astype(np.int32)
-        credit = min(self.warm_start, self._ns_max)
-        used = self._rows_in_use() * k
-        fam = s["fam"][:used]
-        # Only the families of the cells starting now (a table lookup, no sort of the
-        # whole detector); own samples (the scale's count), not credited ones: a
-        # warm-started cell lends nothing until its estimates rest on its own data.
-        wanted = np.unique(s["fam"][cells])  # labelled just above: ids + 1, never 0
-        mature = np.flatnonzero(np.isin(fam, wanted) & (s["ns"][:used] >= credit))
-        if mature.size < _WARM_MIN_DONORS:
-            self._warm_stats["no_donor"] += cells.size
-            return out
-        # Donor candidates sorted by (family, column, phi): each (family, column) is one
-        # run, and its upper quartile sits at a fixed share of the run.
-        key = fam[mature].astype(np.int64) * k + mature % k
-        order = np.lexsort((s["phi"][mature], key))
-        mature, key = mature[order], key[order]
-        want = s["fam"][cells].astype(np.int64) * k + cells % k
-        lo = np.searchsorted(key, want, side="left")
-        hi = np.searchsorted(key, want, side="right")
-        size = hi - lo
-        ok = size >= _WARM_MIN_DONORS
-        pick = lo + np.floor(_WARM_QUANTILE * (size - 1)).astype(np.int64)
-        got = mature[np.minimum(pick, mature.size - 1)]
-        ref = s["c1"][got] / np.maximum(s["c0"][got], _EPS32)  # the donor's own estimate
-        se = 1.0 / np.sqrt(np.maximum(count, 1.0))
-        with_donors = int(ok.sum())
-        ok &= (est <= ref + _WARM_ABOVE * se) & (est >= ref - _WARM_BELOW * se)
-        out[ok] = got[ok]
-        borrowed = int(ok.sum())
-        self._warm_stats["borrowed"] += borrowed
-        self._warm_stats["own"] += with_donors - borrowed
-        self._warm_stats["no_donor"] += cells.size - with_donors
-        return out
+        return np.clip(est_bc + self.cfg.ar_margin / np.sqrt(count), 0.0, self.cfg.ar_max)
 
     def _level(self, cells: I64) -> None:
         """Level = median of the ring's samples; start the lagged updates from there."""
@@ -1468,14 +1072,14 @@ class BankCusum:
         vals, _ = self._chrono(cells)
         fin = np.isfinite(vals)
         mu = np.nanmedian(vals, axis=1)
-        newest = self.history - 1 - np.argmax(fin[:, ::-1], axis=1)
+        newest = self.cfg.history - 1 - np.argmax(fin[:, ::-1], axis=1)
         last = vals[np.arange(cells.size), newest] - mu
         s["mu"][cells] = mu
         s["dprev"][cells] = np.clip(last / s["sig"][cells], -_DZ_FINITE, _DZ_FINITE)
         s["uprev"][cells] = 0.0
         s["ulprev"][cells] = 0.0
         s["nb"][cells] = fin.sum(axis=1).astype(np.int32)
-        s["n"][cells] = np.maximum(s["n"][cells], self.burn_in)
+        s["n"][cells] = np.maximum(s["n"][cells], self.cfg.burn_in)
         # Samples already counted in the level must not be folded in again later.
         self._ring[:, cells] = np.nan
         self._bank[:, cells] = 0.0

@@ -9,8 +9,10 @@ a detection the cell re-baselines on the new level.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 
@@ -53,8 +55,40 @@ class Detections:
         )
 
 
+class StateShapeError(ValueError):
+    """A checkpoint's state cannot carry on under the parameters asked for."""
+
+
 class Detector(Protocol):
-    """Online change-point detector over `capacity` streams × K metric columns."""
+    """Online change-point detector over `capacity` streams × K metric columns.
+
+    A kind is one class: `kind` names it in checkpoints and in the config, and its
+    constructor takes `(n_metrics, **params)` with the keywords of `param_types()`.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, n_metrics: int, **params: Any) -> None:
+        """A detector for `n_metrics` columns; `params` as in `param_types()`."""
+
+    @property
+    def n_metrics(self) -> int:
+        """Metric columns per stream."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Stream slots (rows) currently allocated; rows beyond it grow the state."""
+        ...
+
+    @classmethod
+    def param_types(cls) -> dict[str, type]:
+        """Constructor keywords (`capacity` included) and their types: int for counts."""
+        ...
+
+    def params(self) -> dict[str, Any]:
+        """Constructor keywords that rebuild this detector (`capacity` aside)."""
+        ...
 
     def update(self, rows: I64, ts: F64, values: F64, groups: I64 | None = None) -> Detections:
         """Feed one wave (each row at most once); return the change points it completed.
@@ -69,5 +103,40 @@ class Detector(Protocol):
         ...
 
     def snapshot(self) -> bytes:
-        """Serialise the whole state; `restore` of it gives identical future outputs."""
+        """Serialise the whole state, tagged with `kind`."""
         ...
+
+    @classmethod
+    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> Self:
+        """Rebuild from `snapshot` bytes. With `params` (keys of `params()`), the state
+        carries on under them, or `StateShapeError` where it cannot."""
+        ...
+
+    def drain_stats(self) -> dict[str, int]:
+        """Alarms by outcome since the last call ({} for a kind that keeps none)."""
+        ...
+
+    def drain_warm_starts(self) -> dict[str, int]:
+        """Warm starts by outcome since the last call ({} for a kind without them)."""
+        ...
+
+
+def _number_type(p: inspect.Parameter) -> type:
+    ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+    if type(p.default) is int or ann.startswith("int"):
+        return int
+    if type(p.default) is float or ann.startswith("float"):
+        return float
+    return object
+
+
+def keyword_types(fn: Callable[..., object], *, keyword_only: bool = True) -> dict[str, type]:
+    """The keyword parameters of `fn` and their types, from defaults and annotations: int
+    for counts, float for other numbers, object for anything else."""
+    kinds = (
+        (inspect.Parameter.KEYWORD_ONLY,)
+        if keyword_only
+        else (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
+    sig = inspect.signature(fn)
+    return {name: _number_type(p) for name, p in sig.parameters.items() if p.kind in kinds}

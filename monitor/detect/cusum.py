@@ -1,4 +1,5 @@
-"""Vectorised two-sided CUSUM with a robust (median/MAD) burn-in baseline.
+"""The simple CUSUM kind: vectorised two-sided CUSUM with a robust (median/MAD) burn-in
+baseline.
 
 Every (stream, metric) cell runs its own CUSUM, but all cells of a wave update
 in a handful of numpy operations. The onset estimate is the end of the last
@@ -8,19 +9,22 @@ estimate, which attribution needs to order stages in time.
 
 from __future__ import annotations
 
-import io
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
 from monitor.arrays import F64, I64
-from monitor.detect.base import Detections
+from monitor.detect import _blob
+from monitor.detect.base import Detections, StateShapeError, keyword_types
 
 _MAD_TO_SIGMA = 1.4826
 
 
 class Cusum:
     """Two-sided CUSUM per cell; k and h are in robust-sigma units."""
+
+    kind: ClassVar[str] = "cusum"
 
     def __init__(
         self,
@@ -36,10 +40,10 @@ class Cusum:
     ) -> None:
         if burn_in < 3 or k < 0 or h <= 0 or clip <= 0:
             raise ValueError("burn_in >= 3, k >= 0, h > 0 and clip > 0 are required")
-        self.n_metrics = n_metrics
-        self.burn_in = burn_in
-        self.k, self.h, self.clip = k, h, clip
-        self.rel_floor, self.min_rel_change = rel_floor, min_rel_change
+        self.n_metrics = int(n_metrics)
+        self.burn_in = int(burn_in)
+        self.k, self.h, self.clip = float(k), float(h), float(clip)
+        self.rel_floor, self.min_rel_change = float(rel_floor), float(min_rel_change)
         self._cap = 0
         self._arrays: dict[str, np.ndarray] = {}
         self._grow(max(capacity, 1))
@@ -75,28 +79,41 @@ class Cusum:
         for arr in self._arrays.values():
             arr[rows] = 0
 
+    @classmethod
+    def param_types(cls) -> dict[str, type]:
+        """The constructor's keywords (`capacity` included) and their types."""
+        return keyword_types(cls)
+
+    def params(self) -> dict[str, Any]:
+        """Constructor keywords that rebuild this detector (`capacity` aside)."""
+        return {name: getattr(self, name) for name in self.param_types() if name != "capacity"}
+
+    def drain_stats(self) -> dict[str, int]:
+        """No alarm outcomes are counted: {}."""
+        return {}
+
+    def drain_warm_starts(self) -> dict[str, int]:
+        """No warm starts: {}."""
+        return {}
+
     def snapshot(self) -> bytes:
-        """All state and parameters as bytes (numpy .npz)."""
-        out = io.BytesIO()
-        params = np.array(
-            [self.n_metrics, self.burn_in, self.k, self.h, self.clip,
-             self.rel_floor, self.min_rel_change],
-            dtype=np.float64,
-        )  # fmt: skip
-        np.savez(out, params=params, **self._arrays)  # type: ignore[arg-type]
-        return out.getvalue()
+        """All state and parameters as deterministic bytes."""
+        return _blob.pack(self.kind, self.params() | {"n_metrics": self.n_metrics}, self._arrays)
 
     @classmethod
-    def restore(cls, blob: bytes) -> Cusum:
-        """Rebuild a detector from `snapshot` bytes; future outputs are identical."""
-        with np.load(io.BytesIO(blob)) as z:
-            p = z["params"]
-            det = cls(
-                int(p[0]), burn_in=int(p[1]), k=float(p[2]), h=float(p[3]), clip=float(p[4]),
-                rel_floor=float(p[5]), min_rel_change=float(p[6]), capacity=1,
-            )  # fmt: skip
-            det._arrays = {name: z[name].copy() for name in (*cls._FIELDS, "buf")}
-            det._cap = det._arrays["n"].shape[0]
+    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> Self:
+        """Rebuild a detector from `snapshot` bytes; future outputs are identical.
+
+        Every parameter is baked into the state (the burn-in buffer, sums in units of the
+        old scale), so `params` other than the checkpoint's raise `StateShapeError`.
+        """
+        saved, arrays = _blob.unpack(blob, cls.kind)
+        n_metrics = int(saved.pop("n_metrics"))
+        if params is not None and dict(params) != saved:
+            raise StateShapeError("a cusum checkpoint carries over only to its own parameters")
+        det = cls(n_metrics, capacity=1, **saved)
+        det._arrays = {name: arrays[name] for name in (*cls._FIELDS, "buf")}
+        det._cap = det._arrays["n"].shape[0]
         return det
 
     # -- hot path --------------------------------------------------------------

@@ -7,43 +7,38 @@ KSWIN keeps its last `stat_size` samples, so the onset is the time of the
 sample before those; Page-Hinkley keeps no change-time estimate, so its onset
 is the previous sample's time. `before` / `after` are the means of the
 samples before / since that onset (back to the previous detection).
+A checkpoint holds each cell's recent samples, not river's objects: restore
+rebuilds those by replaying the samples (`RiverDetector.restore`).
 """
 
 from __future__ import annotations
 
 import inspect
-import pickle
 from collections import deque
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
 
 import numpy as np
 from river import drift
 
 from monitor.arrays import F64, I64
 from monitor.detect import _blob
-from monitor.detect.base import Detections
-
-_RIVER: dict[str, Any] = {
-    "adwin": drift.ADWIN,
-    "page_hinkley": drift.PageHinkley,
-    "kswin": drift.KSWIN,
-}
-
-
-def river_params(kind: str) -> tuple[str, ...]:
-    """Names of the river constructor parameters a kind accepts."""
-    sig = inspect.signature(_RIVER[kind].__init__)
-    return tuple(p for p in sig.parameters if p != "self")
+from monitor.detect.base import Detections, StateShapeError, keyword_types
 
 
 class RiverDetector:
-    """One river drift detector per cell; `history` samples per cell kept for levels/onsets."""
+    """One river drift detector per cell; `history` samples per cell kept for levels/onsets.
 
-    KINDS: ClassVar[tuple[str, ...]] = tuple(_RIVER)
+    A kind is a subclass naming its river class (`model`).
+    """
+
+    kind: ClassVar[str]
+    model: ClassVar[Any]
+    # River keywords a kind sets unless given.
+    _preset: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
-        kind: str,
         n_metrics: int,
         *,
         history: int = 512,
@@ -52,25 +47,41 @@ class RiverDetector:
         capacity: int = 64,
         **params: Any,
     ) -> None:
-        if kind not in _RIVER:
-            raise ValueError(f"unknown river detector {kind!r}; valid: {', '.join(_RIVER)}")
-        unknown = sorted(set(params) - set(river_params(kind)))
+        valid = keyword_types(self.model, keyword_only=False)
+        unknown = sorted(set(params) - set(valid))
         if unknown:
             raise ValueError(
-                f"unknown {kind} parameter(s) {unknown}; valid: {', '.join(river_params(kind))}"
+                f"unknown {self.kind} parameter(s) {unknown}; valid: {', '.join(valid)}"
             )
         if n_metrics < 1 or history < 2:
             raise ValueError("n_metrics >= 1 and history >= 2 required")
-        self.kind = kind
         self.n_metrics = int(n_metrics)
         self.history = int(history)
         self.min_rel_change, self.abs_floor = float(min_rel_change), float(abs_floor)
-        self.river_params = dict(params)
-        if kind == "kswin" and "seed" not in self.river_params:
-            self.river_params["seed"] = 0  # KSWIN samples at random: fix it for replayability
+        # Every river keyword, defaults included, so equal settings compare equal.
+        defaults = {n: p.default for n, p in inspect.signature(self.model).parameters.items()}
+        self.river_params = defaults | self._preset | params
         self._cells: list[Any] = []
         self._hist: list[deque[tuple[float, float]] | None] = []
         self._grow(max(int(capacity), 1))
+
+    @classmethod
+    def param_types(cls) -> dict[str, type]:
+        """This class's keywords (`capacity` included), then the river class's."""
+        return keyword_types(cls) | keyword_types(cls.model, keyword_only=False)
+
+    def params(self) -> dict[str, Any]:
+        """Constructor keywords that rebuild this detector (`capacity` aside)."""
+        own = {"history": self.history, "min_rel_change": self.min_rel_change}
+        return own | {"abs_floor": self.abs_floor} | self.river_params
+
+    def drain_stats(self) -> dict[str, int]:
+        """No alarm outcomes are counted: {}."""
+        return {}
+
+    def drain_warm_starts(self) -> dict[str, int]:
+        """No warm starts: {}."""
+        return {}
 
     @property
     def capacity(self) -> int:
@@ -95,10 +106,6 @@ class RiverDetector:
 
     def _onset_back(self, det: Any) -> int:
         """How many of the newest samples the detector attributes to the new level."""
-        if self.kind == "adwin":
-            return int(det.width)
-        if self.kind == "kswin":
-            return int(det.stat_size)
         return 1
 
     def update(self, rows: I64, ts: F64, values: F64, groups: I64 | None = None) -> Detections:
@@ -117,7 +124,7 @@ class RiverDetector:
         self._grow(int(rows.max()) + 1)
         wi, ci = np.nonzero(np.isfinite(values))
         out: list[tuple[int, int, float, float, float, float]] = []
-        cls = _RIVER[self.kind]
+        cls = self.model
         for i, c in zip(wi.tolist(), ci.tolist(), strict=True):
             cell = int(rows[i]) * k + c
             det = self._cells[cell]
@@ -157,27 +164,70 @@ class RiverDetector:
         )
 
     def snapshot(self) -> bytes:
-        """State as bytes; river objects are pickled, so restore only blobs you wrote."""
-        payload = pickle.dumps((self._cells, self._hist), protocol=5)
-        params = {
-            "n_metrics": self.n_metrics, "history": self.history,
-            "min_rel_change": self.min_rel_change, "abs_floor": self.abs_floor,
-            "river": self.river_params,
-        }  # fmt: skip
-        return _blob.pack(self.kind, params, {"pickle": np.frombuffer(payload, dtype=np.uint8)})
+        """Parameters and each live cell's recent samples (its last `history`), as arrays."""
+        live = [(c, hist) for c, hist in enumerate(self._hist) if hist is not None]
+        samples = np.array([s for _, hist in live for s in hist], dtype=np.float64).reshape(-1, 2)
+        arrays = {
+            "cells": np.array([c for c, _ in live], dtype=np.int64),
+            "lens": np.array([len(hist) for _, hist in live], dtype=np.int64),
+            "t": samples[:, 0],
+            "x": samples[:, 1],
+        }
+        params = self.params() | {"n_metrics": self.n_metrics, "rows": self.capacity}
+        return _blob.pack(self.kind, params, arrays)
 
     @classmethod
-    def restore(cls, blob: bytes) -> RiverDetector:
-        """Rebuild from `snapshot` bytes (a trusted checkpoint); future outputs are identical."""
-        kind = _blob.kind_of(blob)
-        if kind not in _RIVER:
-            raise ValueError(f"not a river detector checkpoint (kind {kind!r})")
-        params, arrays = _blob.unpack(blob, kind)
-        det = cls(
-            kind, int(params["n_metrics"]), history=int(params["history"]),
-            min_rel_change=float(params["min_rel_change"]), abs_floor=float(params["abs_floor"]),
-            capacity=1, **params["river"],
-        )  # fmt: skip
-        # Our own checkpoint (the daemon's state topic), never untrusted input.
-        det._cells, det._hist = pickle.loads(arrays["pickle"].tobytes())  # noqa: S301
+    def restore(cls, blob: bytes, params: Mapping[str, Any] | None = None) -> Self:
+        """Rebuild from `snapshot` bytes, each cell's river object from fresh by replaying
+        the cell's last `history` samples.
+
+        A river object's state is rebuilt from those samples only, so after a cell's
+        first `history` samples or its last detection it can differ from an uninterrupted
+        run's (river's objects are not serialised: no pickle). River objects are built
+        with their parameters: `params` other than the checkpoint's raise
+        `StateShapeError`.
+        """
+        saved, arrays = _blob.unpack(blob, cls.kind)
+        n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
+        if params is not None and dict(params) != saved:
+            raise StateShapeError(
+                f"a {cls.kind} checkpoint carries over only to its own parameters"
+            )
+        det = cls(n_metrics, capacity=rows, **saved)
+        ends = np.cumsum(arrays["lens"]).tolist()
+        t, x = arrays["t"].tolist(), arrays["x"].tolist()
+        for cell, lo, hi in zip(arrays["cells"].tolist(), [0, *ends[:-1]], ends, strict=True):
+            model = cls.model(**det.river_params)
+            for value in x[lo:hi]:
+                model.update(value)
+            det._cells[cell] = model
+            det._hist[cell] = deque(zip(t[lo:hi], x[lo:hi], strict=True), maxlen=det.history)
         return det
+
+
+class Adwin(RiverDetector):
+    """River's ADWIN per cell."""
+
+    kind = "adwin"
+    model = drift.ADWIN
+
+    def _onset_back(self, det: Any) -> int:
+        return int(det.width)  # the cut leaves the post-change samples in the window
+
+
+class PageHinkley(RiverDetector):
+    """River's Page-Hinkley test per cell."""
+
+    kind = "page_hinkley"
+    model = drift.PageHinkley
+
+
+class Kswin(RiverDetector):
+    """River's KSWIN per cell."""
+
+    kind = "kswin"
+    model = drift.KSWIN
+    _preset: ClassVar[dict[str, Any]] = {"seed": 0}  # it samples at random: replayable
+
+    def _onset_back(self, det: Any) -> int:
+        return int(det.stat_size)  # its newest `stat_size` samples are the tested ones

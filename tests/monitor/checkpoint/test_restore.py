@@ -9,7 +9,7 @@ from factories import fleet
 from monitor.config import AlertSettings, DetectorSettings, Settings
 from monitor.core.pipeline import Pipeline
 from monitor.detect.bank import BankCusum
-from monitor.detect.factory import TaggedCusum
+from monitor.detect.cusum import Cusum
 
 
 def _run(pipeline: Pipeline, batches) -> list[bytes]:
@@ -92,7 +92,7 @@ def test_restore_under_another_shape_or_kind_starts_fresh() -> None:
     _run(first, fleet(40))
     blob = first.snapshot_partition(1)
     for settings, kind in ((_settings(params={"history": 48.0}), BankCusum),
-                           (_settings(kind="cusum"), TaggedCusum)):  # fmt: skip
+                           (_settings(kind="cusum"), Cusum)):  # fmt: skip
         q = Pipeline(settings)
         assert set(q.restore_partition(1, blob).values()) == {"reset"}
         st = q.partitions[1]

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from monitor.detect import (
     DEFAULT_KIND,
     KINDS,
+    REGISTRY,
+    StateShapeError,
     detector_params,
     make_detector,
     restore_configured,
@@ -18,7 +20,6 @@ from monitor.detect import (
 from monitor.detect.bank import BankCusum
 from monitor.detect.base import Detections, Detector
 from monitor.detect.cusum import Cusum
-from monitor.detect.factory import TaggedCusum
 from monitor.detect.river import RiverDetector
 
 FIELDS = ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score")
@@ -83,15 +84,16 @@ def test_window_counts_must_be_whole(kind: str, name: str) -> None:
     with pytest.raises(ValueError, match=f"{name} must be a whole number, got 32.5"):
         make_detector(kind, 1, {name: 32.5})
     det = make_detector(kind, 1, {name: 24.0})
-    assert getattr(det, name) == 24
-    assert type(getattr(det, name)) is int
+    value = det.params()[name]
+    assert value == 24
+    assert type(value) is int
 
 
 def test_parameters_reach_the_engine() -> None:
     """Config values are passed through as constructor keywords."""
     det = make_detector("bank", 1, {"h": 20.0, "burn_in": 16, "min_rel_change": 0.1})
     assert isinstance(det, BankCusum)
-    assert (det.h, det.burn_in, det.min_rel_change) == (20.0, 16, 0.1)
+    assert (det.h, det.cfg.burn_in, det.cfg.min_rel_change) == (20.0, 16, 0.1)
     pk = make_detector("page_hinkley", 1, {"threshold": 7.0})
     assert isinstance(pk, RiverDetector)
     assert pk.river_params["threshold"] == 7.0
@@ -124,15 +126,40 @@ def test_every_kind_tolerates_missing_cells(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kind_round_trips_through_restore_detector(kind: str) -> None:
-    """snapshot -> restore_detector -> identical future outputs, for every kind."""
+    """snapshot -> restore_detector -> the same checkpoint and identical future outputs.
+
+    Exact for the bank and the simple CUSUM always; a river cell is rebuilt by replaying
+    its last `history` samples, exact here because every cell's life so far fits in them."""
     x = step_data(2)
     det = make_detector(kind, 2, {"capacity": 2})
     feed(det, x[:200])
-    twin = restore_detector(det.snapshot())
+    blob = det.snapshot()
+    twin = restore_detector(blob)
     assert type(twin) is type(det)
+    assert twin.snapshot() == blob
     a, b = feed(det, x[200:], t0=2000.0), feed(twin, x[200:], t0=2000.0)
+    assert len(a)
     for f in FIELDS:
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert det.snapshot() == twin.snapshot()
+
+
+@pytest.mark.parametrize(
+    "kind", [k for k, cls in REGISTRY.items() if issubclass(cls, RiverDetector)]
+)
+def test_river_kinds_restore_from_their_recent_samples(kind: str) -> None:
+    """Past `history` samples a restored river cell starts from the last `history` only
+    (it may then differ from an uninterrupted run), and still finds the step."""
+    x = step_data(2)
+    det = make_detector(kind, 2, {"capacity": 2, "history": 100})
+    feed(det, x[:200])
+    twin = restore_detector(det.snapshot())
+    assert isinstance(twin, RiverDetector)
+    assert twin.snapshot() == det.snapshot()
+    hits = feed(twin, x[200:], t0=2000.0)
+    on = (hits.rows == 1) & (hits.cols == 0) & (hits.detected_ts >= 2500.0)
+    assert on.any()
+    assert hits.onset_ts[on][0] >= 2000.0
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -145,12 +172,29 @@ def test_every_kind_forgets_and_grows(kind: str) -> None:
     assert len(det.update(np.array([7]), np.array([600.0]), np.array([[3.0]]))) == 0
 
 
-def test_untagged_placeholder_checkpoints_still_restore() -> None:
-    """The placeholder's own .npz bytes (written before the factory existed) are accepted."""
-    raw = Cusum(1).snapshot()
-    assert isinstance(restore_detector(raw), TaggedCusum)
-    with pytest.raises(ValueError, match="not a detector checkpoint"):
-        restore_detector(b"garbage")
+def test_checkpoints_without_a_kind_tag_are_refused() -> None:
+    """Only the tagged envelope is a detector checkpoint."""
+    for blob in (b"garbage", b"PK\x03\x04"):
+        with pytest.raises(ValueError, match="not a detector checkpoint"):
+            restore_detector(blob)
+
+
+def test_every_kind_is_one_registered_class() -> None:
+    """The registry maps each kind to its class; the class names its kind and parameters,
+    and the whole protocol is there (drains are {} where a kind counts nothing)."""
+    assert tuple(REGISTRY) == KINDS
+    for kind, cls in REGISTRY.items():
+        assert cls.kind == kind
+        det = make_detector(kind, 2, {"capacity": 3})
+        assert type(det) is cls
+        assert (det.n_metrics, det.capacity) == (2, 3)
+        assert tuple(cls.param_types()) == detector_params(kind)
+        assert set(det.params()) == set(detector_params(kind)) - {"capacity"}
+        assert make_detector(kind, 2, det.params()).params() == det.params()
+        assert isinstance(det.drain_stats(), dict)
+        assert isinstance(det.drain_warm_starts(), dict)
+    assert make_detector("cusum", 1).drain_stats() == {}
+    assert make_detector("kswin", 1).drain_warm_starts() == {}
 
 
 def _fed(det, steps: int, at: int = 10_000, t0: int = 0) -> int:
@@ -187,7 +231,8 @@ def test_restore_configured_keeps_retunes_or_resets() -> None:
         assert fresh.capacity >= 1
         assert int(fresh._s["n"].max()) == 0
     other, how = restore_configured(blob, "adwin", 1, {})
-    assert (how, type(other)) == ("reset", RiverDetector)
+    assert how == "reset"
+    assert isinstance(other, RiverDetector)
     assert restore_configured(blob, "bank", 2, {})[1] == "reset"
 
 
@@ -212,6 +257,21 @@ def test_river_kinds_reset_on_any_parameter_change() -> None:
     blob = det.snapshot()
     assert restore_configured(blob, "adwin", 1, {"delta": 0.002})[1] == "kept"
     assert restore_configured(blob, "adwin", 1, {"delta": 0.01})[1] == "reset"
+
+
+@pytest.mark.parametrize(("kind", "change"), [("cusum", {"k": 0.7}), ("kswin", {"alpha": 0.01})])
+def test_kinds_without_retuning_refuse_other_parameters(kind: str, change: dict) -> None:
+    """A kind whose state is built with all its parameters restores only under its own:
+    `restore(blob, params)` raises StateShapeError otherwise, and the factory resets."""
+    det = make_detector(kind, 1)
+    _fed(det, 100)
+    blob = det.snapshot()
+    same = type(det).restore(blob, params=det.params())
+    assert same.snapshot() == blob
+    with pytest.raises(StateShapeError):
+        type(det).restore(blob, params=det.params() | change)
+    assert restore_configured(blob, kind, 1, change)[1] == "reset"
+    assert restore_configured(blob, kind, 1, {})[1] == "kept"
 
 
 def _checkpoint_of_many() -> bytes:
@@ -253,7 +313,7 @@ def test_retuned_state_carries_on_under_any_new_parameters(**params: float) -> N
     assert det.params() == want.params()
     for name, arr in saved._s.items():
         if name == "nb":
-            np.testing.assert_array_equal(det._s[name], np.minimum(arr, det.baseline_window))
+            np.testing.assert_array_equal(det._s[name], np.minimum(arr, det.cfg.baseline_window))
         elif name in ("ns", "na"):
             np.testing.assert_array_equal(det._s[name], np.minimum(arr, det._ns_max))
         else:

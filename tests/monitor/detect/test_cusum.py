@@ -1,4 +1,4 @@
-"""The skeleton's vectorised two-sided CUSUM: correct, vectorised, and checkpointable."""
+"""The simple CUSUM kind: correct, vectorised, and checkpointable."""
 
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def test_snapshot_restore_gives_identical_future(seed: int, cut: int) -> None:
     for t in range(cut):
         a.update(rows, np.full(6, 10.0 * t), x[t])
     b = Cusum.restore(a.snapshot())
+    assert b.snapshot() == a.snapshot()
     for t in range(cut, 100):
         da = a.update(rows, np.full(6, 10.0 * t), x[t])
         db = b.update(rows, np.full(6, 10.0 * t), x[t])

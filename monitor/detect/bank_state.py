@@ -1,0 +1,162 @@
+"""The bank's state: the per-cell layout, growth, expiry and checkpoints.
+
+A `BankCusum` keeps its state flat over cells (cell = row * n_metrics + column): the
+scalars of `SCALARS` as one array each, the bank's statistics (2 per shift size), the
+smallest member's run lengths (2), and the ring of recent samples and their times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from monitor.arrays import I64
+from monitor.detect import _blob
+from monitor.detect.base import StateShapeError
+
+if TYPE_CHECKING:
+    from monitor.detect.bank import BankCusum
+
+    _Bank = TypeVar("_Bank", bound=BankCusum)
+
+# Per-cell scalars. Their order is the checkpoint's array order.
+SCALARS: dict[str, type[np.generic]] = {
+    "n": np.int32,  # samples since (re)start: burn-in and youth
+    "nb": np.int32,  # samples in the level estimate (saturating)
+    "ns": np.int32,  # samples in the scale estimate (kept on re-baseline; 0 = fresh)
+    # Samples behind the AR and long-run variance estimates: ns plus a warm start's
+    # credit. Until a cell borrows (`BankCusum._split`), na is ns and this array is stale.
+    "na": np.int32,
+    "fam": np.int32,  # family (the caller's group id + 1; 0 = unknown): warm-start donors
+    "pos": np.int32,  # next ring slot
+    "mu": np.float64,  # baseline level
+    "sig": np.float64,  # innovation scale (1 until the first baseline)
+    "phi": np.float32,  # AR(1) coefficient in use (estimate + bias + margin)
+    "c0": np.float32,  # EW lag-0 autocovariance of lagged deviations (sigma units)
+    "c1": np.float32,  # EW lag-1 autocovariance
+    "dprev": np.float32,  # previous deviation (sigma units), for whitening
+    "lprev": np.float32,  # previous lagged deviation, for the AR estimate
+    "c2": np.float32,  # EW lag-2 autocovariance (sigma units)
+    "lprev2": np.float32,  # lagged deviation two samples back
+    "jr": np.float32,  # signed run of consecutive windows beyond `jump` marginal sigmas
+    "jm": np.float32,  # last window's deviation in marginal sigmas (unclipped), for `jr`
+    "vfirst": np.int32,  # `n` at the first spread veto of the current run of vetoes (0: none)
+    "vlast": np.int32,  # `n` at the latest spread veto
+    "lm": np.float32,  # EW mean (window `lrv_window`) of the lagged, clipped innovations
+    "lv": np.float32,  # EW mean square of `lm`: the innovations' long-run variance / L
+    "theta": np.float32,  # MA(1) coefficient (0 unless phi came from c2/c1)
+    "uprev": np.float32,  # previous ARMA innovation (front-end)
+    "ulprev": np.float32,  # previous lagged ARMA innovation (long-run variance)
+}
+
+
+def bytes_per_cell(det: BankCusum) -> int:
+    """Bytes of state one (stream, metric) cell occupies."""
+    scalars = sum(np.dtype(t).itemsize for t in SCALARS.values())
+    return scalars + (2 * det.cfg.n_shifts + 2) * 4 + det.cfg.history * (4 + 4)
+
+
+def grow(det: BankCusum, need_rows: int) -> None:
+    """Room for at least `need_rows` rows (capacity doubles, so growth is amortised)."""
+    if need_rows <= det._cap:
+        return
+    cap = max(need_rows, 2 * det._cap)
+    old, cells = det._cap * det.n_metrics, cap * det.n_metrics
+    s: dict[str, np.ndarray] = {}
+    for name, dt in SCALARS.items():
+        arr = np.ones(cells, dtype=dt) if name == "sig" else np.zeros(cells, dtype=dt)
+        if old:
+            arr[:old] = det._s[name]
+        s[name] = arr
+    bank = np.zeros((2 * det.cfg.n_shifts, cells), dtype=np.float32)
+    bank[:, :old] = det._bank
+    run = np.zeros((2, cells), dtype=np.float32)
+    run[:, :old] = det._run
+    ring = np.full((det.cfg.history, cells), np.nan, dtype=np.float32)
+    ring[:, :old] = det._ring
+    tring = np.full((det.cfg.history, cells), np.nan, dtype=np.float32)
+    tring[:, :old] = det._tring
+    det._s, det._bank, det._run, det._cap = s, bank, run, cap
+    det._ring, det._tring = ring, tring
+
+
+def forget(det: BankCusum, rows: I64) -> None:
+    """Reset expired streams' slots so a new stream can reuse them."""
+    rows = np.asarray(rows, dtype=np.int64)
+    rows = rows[(rows >= 0) & (rows < det._cap)]
+    if rows.size == 0:
+        return
+    cells = (rows[:, None] * det.n_metrics + np.arange(det.n_metrics)).ravel()
+    for arr in det._s.values():
+        arr[cells] = 0
+    det._s["sig"][cells] = 1.0  # harmless divisor until the first baseline
+    det._bank[:, cells] = 0.0
+    det._run[:, cells] = 0.0
+    det._ring[:, cells] = np.nan
+    det._tring[:, cells] = np.nan
+
+
+def rows_in_use(det: BankCusum) -> int:
+    """Rows up to the last one that ever saw a sample (later slots are pristine)."""
+    seen = (det._s["n"] > 0) | (det._s["ns"] > 0)
+    last = np.flatnonzero(seen)
+    return 0 if last.size == 0 else int(last[-1]) // det.n_metrics + 1
+
+
+def state_arrays(det: BankCusum, rows: int | None = None) -> dict[str, np.ndarray]:
+    """State arrays for the first `rows` rows (all allocated rows by default)."""
+    cells = (det._cap if rows is None else rows) * det.n_metrics
+    arrays: dict[str, np.ndarray] = {name: a[:cells] for name, a in det._s.items()}
+    if not det._split:
+        arrays["na"] = arrays["ns"]  # the AR count is the scale's (not kept apart yet)
+    arrays.update(
+        bank=det._bank[:, :cells],
+        run=det._run[:, :cells],
+        ring=det._ring[:, :cells],
+        tring=det._tring[:, :cells],
+    )
+    return arrays
+
+
+def snapshot(det: BankCusum) -> bytes:
+    """All state and parameters as deterministic bytes.
+
+    Only rows in use are written: capacity is pre-allocated (and doubles), so a
+    partition with a few devices would otherwise checkpoint megabytes of empty slots.
+    """
+    rows = rows_in_use(det)
+    params = det.params() | {"n_metrics": det.n_metrics, "rows": rows}
+    # The time ring's epoch rides along as a one-element array (state, not a parameter).
+    arrays = state_arrays(det, rows) | {"tepoch": np.array([det._t0], dtype=np.float64)}
+    return _blob.pack(det.kind, params, arrays)
+
+
+def restore(cls: type[_Bank], blob: bytes, params: Mapping[str, Any] | None = None) -> _Bank:
+    """Rebuild a detector of `cls` from `snapshot` bytes; see `BankCusum.restore`."""
+    saved, arrays = _blob.unpack(blob, cls.kind)
+    n_metrics, rows = int(saved.pop("n_metrics")), int(saved.pop("rows"))
+    if params is not None:
+        changed = [k for k in cls.STATE_SHAPE if params[k] != saved[k]]
+        if changed:
+            raise StateShapeError(f"{changed} shape the state: a checkpoint cannot carry over")
+        saved = dict(params)
+    det = cls(n_metrics, capacity=1, **saved)
+    det._s = {name: arrays[name] for name in SCALARS}
+    det._split = not np.array_equal(det._s["na"], det._s["ns"])
+    if det._split:
+        na, ns = det._s["na"], det._s["ns"]
+        credit = min(det.cfg.warm_start, det._ns_max)
+        det._warm.credit = np.flatnonzero((na > ns) & (ns < credit))
+    if params is not None:
+        # Shorter windows than the checkpoint's: the counts saturate at the new ones
+        # (the per-count tables end there).
+        np.minimum(det._s["nb"], det.cfg.baseline_window, out=det._s["nb"])
+        np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
+        np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
+    det._bank, det._run = arrays["bank"], arrays["run"]
+    det._ring, det._tring = arrays["ring"], arrays["tring"]
+    det._t0 = float(arrays["tepoch"][0])
+    det._cap = rows
+    return det
