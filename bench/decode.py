@@ -80,9 +80,10 @@ async def bench_broker(data: list[bytes]) -> tuple[float, float, float, float]:
         prod = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=20,
                                 max_batch_size=1 << 20)  # fmt: skip
         await prod.start()
+        keys = [json.loads(b)["device"].encode() for b in data]  # records are keyed by device
         t = time.perf_counter()
-        for b in data:
-            await prod.send(kafka.topics.samples, key=b[-20:], value=b)
+        for k, b in zip(keys, data, strict=True):
+            await prod.send(kafka.topics.samples, key=k, value=b)
         await prod.flush()
         produce_rate = len(data) / (time.perf_counter() - t)
         await prod.stop()
