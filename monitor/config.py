@@ -50,6 +50,14 @@ class KafkaSettings(_Frozen):
     partitions: int = Field(default=4, ge=1, description="partitions when flopwatch creates topics")
     max_batch_records: int = Field(default=5000, ge=1)
     poll_timeout_ms: int = Field(default=500, ge=1)
+    probe_s: float = Field(
+        default=10.0, gt=0, description="how often readiness asks the cluster for metadata"
+    )
+    stall_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="not ready after this long without delivering while the broker holds more",
+    )
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     repartition: bool = Field(
         default=False,

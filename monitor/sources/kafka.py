@@ -28,12 +28,13 @@ member knows them before it pages again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Set
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from monitor.config import KafkaSettings
 from monitor.core.types import RawMessage
@@ -112,6 +113,9 @@ class KafkaSource:
         self._to_assign: set[TopicPartition] | None = None
         self.assignments = 0  # completed assignments (restores included)
         self.polled = False  # a poll succeeded since the last completed assignment
+        self.broker_ok = True  # the last metadata probe was answered
+        self._progress_at = time.monotonic()  # records delivered, or nothing left to deliver
+        self._probe: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect, read the change events already on the topic, and join the group."""
@@ -122,6 +126,42 @@ class KafkaSource:
         self._early_changes = await self._catch_up_changes()
         await self.consumer.start()
         self.consumer.subscribe([self.kafka.input_topic], listener=_Listener(self))
+        self._probe = asyncio.create_task(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        """Ask the cluster for its metadata every `probe_s`: a broker that is down must
+        make the member unready, though polls just come back empty."""
+        while True:
+            await asyncio.sleep(self.kafka.probe_s)
+            try:
+                await asyncio.wait_for(self.consumer.topics(), self.kafka.probe_s)
+            except (KafkaError, TimeoutError) as exc:
+                if self.broker_ok:  # said once per change of state, not per probe
+                    self.log.warning("broker unreachable: not ready", error=repr(exc))
+                self.broker_ok = False
+                continue
+            if not self.broker_ok:
+                self.log.info("broker reachable again")
+            self.broker_ok = True
+
+    @property
+    def stalled(self) -> bool:
+        """Nothing delivered for `stall_s` while the broker reports records not delivered."""
+        if time.monotonic() - self._progress_at <= self.kafka.stall_s:
+            return False
+        return any(
+            (high := self.consumer.highwater(tp)) is not None and high > self._next.get(tp, 0)
+            for tp in self.consumer.assignment()
+        )
+
+    def _note_progress(self, delivered: bool) -> None:
+        """A poll delivered records, or every assigned partition is caught up."""
+        caught_up = all(
+            (high := self.consumer.highwater(tp)) is None or high <= self._next.get(tp, 0)
+            for tp in self.consumer.assignment()
+        )
+        if delivered or caught_up:
+            self._progress_at = time.monotonic()
 
     async def _catch_up_changes(self) -> list[RawMessage]:
         """The change events on the topic now (up to its end offsets at this call)."""
@@ -152,8 +192,15 @@ class KafkaSource:
 
     @property
     def ready(self) -> bool:
-        """Assigned (checkpoints restored) and polled since; false during a reassignment."""
-        return self.assignments > 0 and self._to_assign is None and self.polled
+        """Assigned (checkpoints restored) and polled since, the broker answering, and the
+        consumer not stalled; false during a reassignment."""
+        return (
+            self.assignments > 0
+            and self._to_assign is None
+            and self.polled
+            and self.broker_ok
+            and not self.stalled
+        )
 
     def delivered(self) -> dict[TopicPartition, int]:
         """Next offset to deliver per assigned partition (all before it were yielded)."""
@@ -180,6 +227,7 @@ class KafkaSource:
                     self._rewind()
                     continue
                 self.polled = True
+                self._note_progress(bool(got))
                 # Changes first: a page in this batch can then name a change that came
                 # with it.
                 changes = await self._new_changes()
@@ -208,6 +256,10 @@ class KafkaSource:
 
     async def close(self) -> None:
         """Leave the group and close connections."""
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
         try:
             await self.consumer.stop()
         finally:
