@@ -123,14 +123,25 @@ async def assemble(stack: AsyncExitStack, settings: Settings, wiring: Wiring) ->
     """Build and start every part of a daemon; each is closed when `stack` unwinds."""
     pipeline = Pipeline(settings)
     if wiring.source is not None:
-        sinks = list(wiring.sinks if wiring.sinks is not None else configured_sinks(settings, None))
-        for sink in sinks:
-            await _start(stack, sink)
+        sinks = await _start_sinks(stack, settings, wiring, None)
         runner = Runner(wiring.source, pipeline, sinks, dead_letters=wiring.dead_letters,
                         stop_when_idle=wiring.stop_when_idle)  # fmt: skip
         _close_on_exit(stack, wiring.source)
         return Daemon(settings, wiring.source, pipeline, sinks, runner)
     return await _assemble_kafka(stack, settings, wiring, pipeline)
+
+
+async def _start_sinks(
+    stack: AsyncExitStack, settings: Settings, wiring: Wiring, kafka_sink: KafkaSink | None
+) -> list[Sink]:
+    """The wiring's sinks, or the configured ones, started (the Kafka one already is)."""
+    sinks = (
+        list(wiring.sinks) if wiring.sinks is not None else configured_sinks(settings, kafka_sink)
+    )
+    for sink in sinks:
+        if sink is not kafka_sink:
+            await _start(stack, sink)
+    return sinks
 
 
 async def _start(stack: AsyncExitStack, part: object) -> None:
@@ -176,11 +187,7 @@ async def _assemble_kafka(
         # One line and exit 2, not a traceback: an unreachable or misnamed cluster is a
         # setting to fix (the supervisor restarts the pod either way).
         raise UsageError(f"cannot start against Kafka at {kafka.bootstrap_servers}: {exc}") from exc
-    sinks = list(wiring.sinks) if wiring.sinks is not None else []
-    for sink in configured_sinks(settings, kafka_sink) if wiring.sinks is None else []:
-        if sink is not kafka_sink:
-            await _start(stack, sink)
-        sinks.append(sink)
+    sinks = await _start_sinks(stack, settings, wiring, kafka_sink)
     runner = Runner(source, pipeline, sinks,
                     dead_letters=wiring.dead_letters or kafka_sink.send_dead,
                     stop_when_idle=wiring.stop_when_idle, checkpointer=checkpointer,
