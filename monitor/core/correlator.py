@@ -128,6 +128,18 @@ class Incident:
             metric=self.metric,
         )
 
+    def as_of(self, ts: float) -> Incident:
+        """The incident as it stood at event time `ts`: only what had been found by then."""
+        return Incident(
+            self.pool, self.model, self.anchor_ts, self.detected_ts, self.window_s,
+            self.group_window_s,
+            points=[p for p in self.points if p.detected_ts <= ts],
+            evidence=[e for e in self.evidence if e.detected_ts <= ts],
+            load=[e for e in self.load if e.detected_ts <= ts],
+            alert_id=self.alert_id,
+            metric=self.metric,
+        )  # fmt: skip
+
     @property
     def pools(self) -> list[str]:
         """Pools this incident spans (one, or several for a fleet incident)."""

@@ -126,7 +126,7 @@ class AlertLifecycle:
         for inc in incidents:
             if inc.status == "open" and inc.alert_id is None:
                 n_pool = inc.pool_devices(pool_devices)
-                sure = inc.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
+                sure = self._sure_at(inc, n_pool, host_sizes)
                 if sure is not None:
                     sure_at[id(inc)] = sure
         self._link_fleet(incidents, sure_at)
@@ -145,11 +145,13 @@ class AlertLifecycle:
                 if sure is None:
                     continue
                 inc.detected_ts = sure
-                inc.metric = view.metric = view.primary_metric
-                stage = view.first_failing_stage()
+                # The id is what the incident was when it became sure, in event time: a
+                # batch that reaches further past that moment must not change it.
+                then = view.as_of(sure)
+                inc.metric = view.metric = then.primary_metric
                 inc.alert_id = view.alert_id = fingerprint(
-                    "fleet" if fleet else inc.pool, view.model, view.primary_metric, stage,
-                    int(view.onset_ts // inc.window_s),
+                    "fleet" if fleet else inc.pool, view.model, then.primary_metric,
+                    then.first_failing_stage(), int(then.onset_ts // inc.window_s),
                 )  # fmt: skip
             view.detected_ts = inc.detected_ts
             alert = self.render(view, now_ts, n_pool, "firing", level=level)
@@ -188,6 +190,22 @@ class AlertLifecycle:
             view.detected_ts = inc.detected_ts
             out.append(self.render(view, now_ts, n_pool, "firing", level=level))
         return out
+
+    def _sure_at(
+        self, inc: Incident, n_pool: int, host_sizes: Mapping[str | None, int] | None
+    ) -> float | None:
+        """The earliest event time at which the incident, as it stood then, was confirmed.
+
+        Judged as of each detection time in turn, not on everything this batch brought: a
+        larger batch sees later evidence (another primary metric, say) and must still find
+        the moment, and so the id, a smaller one found.
+        """
+        for t in sorted({p.detected_ts for p in inc.points}):
+            then = inc.as_of(t)
+            sure = then.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
+            if sure is not None and sure <= t:
+                return sure
+        return None
 
     def _view(
         self, inc: Incident, pool_devices: dict[PoolKey, int]
