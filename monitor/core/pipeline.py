@@ -444,7 +444,7 @@ class Pipeline:
                     window_s,
                 )
             else:
-                if names is LAYER_METRICS:
+                if kind.columns == LAYER_METRICS:
                     device, layer = table.device_of_layer_row(row)
                 else:
                     maybe = table.device_names[row]

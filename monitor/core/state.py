@@ -46,13 +46,17 @@ def new_partition(settings: Settings, catalog: Catalog) -> PartitionState:
     return PartitionState(
         StreamTable(catalog, ttl_s=d.stream_ttl_s),
         {k.name: make_detector(d.kind, len(k.columns), d.engine_params()) for k in STREAM_KINDS},
-        {
-            k.name: LoadAdjuster(k.columns, d.load_forget, d.load_min_support)
-            if d.load_aware
-            else None
-            for k in STREAM_KINDS
-        },
+        _adjusters(settings),
     )
+
+
+def _adjusters(settings: Settings) -> dict[str, LoadAdjuster | None]:
+    """A fresh load adjuster per stream kind, or None for each when load-blind."""
+    d = settings.detector
+    return {
+        k.name: LoadAdjuster(k.columns, d.load_forget, d.load_min_support) if d.load_aware else None
+        for k in STREAM_KINDS
+    }
 
 
 # -- incidents as data -------------------------------------------------------------------
@@ -227,16 +231,15 @@ def restore_partition(
     outcomes: dict[str, str] = {}
     snap = decode(blob, PartitionSnapshot)
     d = settings.detector
-    st = new_partition(settings, catalog)
-    st.table = StreamTable.restore(snap.table, catalog, ttl_s=d.stream_ttl_s)
+    detectors: dict[str, Detector] = {}
+    adjusters = _adjusters(settings)
     for kind in STREAM_KINDS:
-        det, outcome = restore_configured(
+        detectors[kind.name], outcomes[kind.name] = restore_configured(
             snap.detectors[kind.name], d.kind, len(kind.columns), d.engine_params()
         )
-        st.detectors[kind.name] = det
-        outcomes[kind.name] = outcome
-        adjuster = st.adjusters[kind.name]
+        adjuster = adjusters[kind.name]
         if adjuster is not None and kind.name in snap.adjusters:
             adjuster.restore(snap.adjusters[kind.name])
-    st.expired_at = snap.expired_at
+    table = StreamTable.restore(snap.table, catalog, ttl_s=d.stream_ttl_s)
+    st = PartitionState(table, detectors, adjusters, snap.expired_at)
     return st, snap, outcomes
