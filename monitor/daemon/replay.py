@@ -37,7 +37,7 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
     """Replay `args.file`; alerts to `--alerts-out` or stdout, a summary on stderr."""
     if not args.file.is_file():
         raise UsageError(f"recording not found: {args.file}")
-    batch_size = args.batch_size or settings.kafka.max_batch_records
+    batch_size = settings.kafka.max_batch_records if args.batch_size is None else args.batch_size
     if batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
     source = RecordingSource(args.file, settings.kafka.topics, batch_size=batch_size)

@@ -235,3 +235,11 @@ def test_up_and_sim_share_one_duration_and_speed_grammar() -> None:
     args = build_parser().parse_args(["up", "--speed", "10x", "--sim-duration", "1d"])
     assert (args.speed, args.sim_duration) == (10.0, 86400.0)
     assert build_parser().parse_args(["up", "--speed", "max"]).speed is None
+
+
+def test_replay_batch_size_zero_is_misuse(tmp_path: Path, capsys) -> None:
+    """`--batch-size 0` is refused, not taken as "the default"."""
+    rec = tmp_path / "r.jsonl"
+    rec.write_text("")
+    assert main(["replay", str(rec), "--batch-size", "0"]) == 2
+    assert "--batch-size must be >= 1" in capsys.readouterr().err
