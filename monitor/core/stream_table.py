@@ -267,6 +267,7 @@ class StreamTable:
     def _collect(self, accepted: list[tuple[WindowRecord, _Device]]) -> _Columns:
         """The batch's raw columns, one Python pass over records and layers."""
         c = _Columns()
+        # Local names: this loop runs once per record and layer, attribute lookups add up.
         lrows, lts, lraw, lpeak, kchanges = c.lrows, c.lts, c.lraw, c.lpeak, c.kchanges
         drows, dts, dwin, dpeak, dflops, draw = c.drows, c.dts, c.dwin, c.dpeak, c.dflops, c.draw
         lgroup, dgroup, dload, lload_idx = c.lgroup, c.dgroup, c.dload, c.lload_idx
@@ -322,35 +323,34 @@ class StreamTable:
 
     def _frame(self, c: _Columns) -> Frame:
         """Metric matrices and pool aggregates from the raw columns (vectorised)."""
-        lrows, lts, lraw, lpeak, kchanges = c.lrows, c.lts, c.lraw, c.lpeak, c.kchanges
-        drows, dts, dwin, dpeak, dflops, draw = c.drows, c.dts, c.dwin, c.dpeak, c.dflops, c.draw
-        lgroup, dgroup, dload, lload_idx = c.lgroup, c.dgroup, c.dload, c.lload_idx
-        raw = np.array(lraw, dtype=np.float64).reshape(-1, len(LAYER_INPUTS))
-        peak = np.array(lpeak, dtype=np.float64)
+        raw = np.array(c.lraw, dtype=np.float64).reshape(-1, len(LAYER_INPUTS))
+        peak = np.array(c.lpeak, dtype=np.float64)
         lvals = layer_metrics(raw, peak)
-        dvals = np.empty((len(drows), len(DEVICE_METRICS)))
+        dvals = np.empty((len(c.drows), len(DEVICE_METRICS)))
         dvals[:, 0] = device_mfu(
-            np.array(dflops, dtype=np.float64), np.array(dwin), np.array(dpeak, dtype=np.float64)
+            np.array(c.dflops, dtype=np.float64),
+            np.array(c.dwin),
+            np.array(c.dpeak, dtype=np.float64),
         )
-        dvals[:, 1:] = np.array(draw, dtype=np.float64).reshape(-1, len(DEVICE_METRICS) - 1)
-        layer_ts = np.array(lts, dtype=np.float64)
-        device_ts = np.array(dts, dtype=np.float64)
-        layer_group = np.array(lgroup, dtype=np.int64)
-        device_group = np.array(dgroup, dtype=np.int64)
-        device_load = np.array(dload, dtype=np.float64).reshape(-1, 2)
-        layer_load = device_load[np.array(lload_idx, dtype=np.int64)]
+        dvals[:, 1:] = np.array(c.draw, dtype=np.float64).reshape(-1, len(DEVICE_METRICS) - 1)
+        layer_ts = np.array(c.lts, dtype=np.float64)
+        device_ts = np.array(c.dts, dtype=np.float64)
+        layer_group = np.array(c.lgroup, dtype=np.int64)
+        device_group = np.array(c.dgroup, dtype=np.int64)
+        device_load = np.array(c.dload, dtype=np.float64).reshape(-1, 2)
+        layer_load = device_load[np.array(c.lload_idx, dtype=np.int64)]
         pl_rows, pl_ts, pl_raw, pl_peak = group_sums(layer_group, layer_ts, raw, peak)
         pd_rows, pd_ts, pd_vals = group_means(device_group, device_ts, dvals)
         _, _, pl_load = group_means(layer_group, layer_ts, layer_load)
         _, _, pd_load = group_means(device_group, device_ts, device_load)
         return Frame(
-            layer_rows=np.array(lrows, dtype=np.int64),
+            layer_rows=np.array(c.lrows, dtype=np.int64),
             layer_ts=layer_ts,
             layer_values=lvals,
-            device_rows=np.array(drows, dtype=np.int64),
+            device_rows=np.array(c.drows, dtype=np.int64),
             device_ts=device_ts,
             device_values=dvals,
-            kernel_changes=kchanges,
+            kernel_changes=c.kchanges,
             layer_group=layer_group,
             device_group=device_group,
             layer_load=layer_load,
