@@ -188,6 +188,10 @@ class SinkSettings(_Frozen):
     console: bool = True
     jsonl_path: Path | None = None
     alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+    retry_budget_s: float = Field(
+        default=300.0, gt=0,
+        description="a sink failing this long (retrying) fails /readyz",
+    )  # fmt: skip
 
 
 class CheckpointSettings(_Frozen):

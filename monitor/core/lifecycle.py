@@ -76,6 +76,9 @@ class AlertState:
     healthy_windows: int = 0
     bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
     recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back
+    # Per sink: what may still be open there (`AlertmanagerSink.delivery_state`), kept by
+    # the runner so that the checkpoint carries it to a restarted or new owner.
+    delivery: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 class AlertLifecycle:

@@ -51,6 +51,7 @@ class PipelineStats:
     records_late: int = 0
     records_rejected: int = 0  # failed to decode
     records_future: int = 0  # dated beyond the wall clock (`limits.max_future_s`)
+    internal_errors: int = 0  # bugs caught at a record or a batch (`Pipeline.errors`)
     changes_in: int = 0
     alerts_out: int = 0
     load_extrapolated: int = 0  # samples withheld: load outside the load model's data
@@ -105,6 +106,8 @@ class Pipeline:
             for cols in (LAYER_METRICS, DEVICE_METRICS)
         }
         self.unknown_hw: list[tuple[str, str | None, str | None]] = []
+        # Exceptions caught so that one record cannot stop the daemon; the runner logs them.
+        self.errors: list[Exception] = []
 
     def _partition(self, p: int) -> PartitionState:
         st = self.partitions.get(p)
@@ -125,30 +128,75 @@ class Pipeline:
         points: list[ChangePoint] = []
         views: list[NormView] = []
         for part, items in sorted(samples.items()):
-            st = self._partition(part)
-            frame, rejected = st.table.build([rec for _, rec in items])
-            view = NormView(part, frame, {k.name: k.view(frame)[2].copy() for k in _DEVICE_KINDS})
-            views.append(view)
-            for rej in rejected:
-                if rej.kind == "late":
-                    self.stats.records_late += 1
-                    out.dead.append(DeadLetter(items[rej.index][0], rej.reason))
-                else:
-                    self.stats.records_duplicate += 1
-            self.stats.records_in += len(items) - len(rejected)
-            self.unknown_hw.extend(st.table.newly_unknown)
-            st.table.newly_unknown.clear()
-            points.extend(self._detect(st, view))
-            self._expire(part, st, frame)
-        if self._to_restate and self.partition_ts:
-            # The first batch after a restore: send what is still firing once more.
-            again = self.lifecycle.restate(self._to_restate, self.watermark(), self.pool_counts())
-            self._to_restate = []
-            out.alerts.extend(again)
-        if samples:
-            self._correlate(points, views, out)
+            self._ingest(part, items, out, points, views)
+        try:
+            if self._to_restate and self.partition_ts:
+                # The first batch after a restore: send what is still firing once more.
+                again = self.lifecycle.restate(
+                    self._to_restate, self.watermark(), self.pool_counts()
+                )
+                self._to_restate = []
+                out.alerts.extend(again)
+            if samples:
+                self._correlate(points, views, out)
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop the daemon
+            # Not one record's fault (the records are in): this batch's change points are
+            # lost, the next batch correlates afresh. Counted and logged by the runner.
+            self.stats.internal_errors += 1
+            self.errors.append(exc)
         self.stats.alerts_out += len(out.alerts)
         return out
+
+    def _ingest(
+        self, part: int, items: list[tuple[RawMessage, WindowRecord]], out: Output,
+        points: list[ChangePoint], views: list[NormView],
+    ) -> None:  # fmt: skip
+        """One partition's records through the stream table and detectors.
+
+        A failure there is a bug, not bad input (decode validated the records), but one
+        record must never stop the daemon: the partition's batch is rewound and split in
+        halves until the records that fail are alone; those are dead-lettered as
+        `internal` with the error (kept, to replay after a fix) and the others go on.
+        """
+        st = self._partition(part)
+        before = {rec.device: st.table.devices[rec.device].last_ts
+                  for _, rec in items if rec.device in st.table.devices}  # fmt: skip
+        try:
+            found, view, dead, counts = self._ingest_once(part, st, items)
+        except Exception as exc:  # noqa: BLE001 - isolated below, reported by the runner
+            for _, rec in items:  # rewind: the records may be taken again
+                dev = st.table.devices.get(rec.device)
+                if dev is not None:
+                    dev.last_ts = before.get(rec.device, np.nan)
+            if len(items) == 1:
+                msg = items[0][0]
+                out.dead.append(DeadLetter(msg, f"internal: {type(exc).__name__}: {exc}"[:1024]))
+                self.stats.internal_errors += 1
+                self.errors.append(exc)
+                return
+            mid = len(items) // 2
+            self._ingest(part, items[:mid], out, points, views)
+            self._ingest(part, items[mid:], out, points, views)
+            return
+        points.extend(found)
+        views.append(view)
+        out.dead.extend(dead)
+        self.stats.records_late += counts[0]
+        self.stats.records_duplicate += counts[1]
+        self.stats.records_in += len(items) - counts[0] - counts[1]
+
+    def _ingest_once(
+        self, part: int, st: PartitionState, items: list[tuple[RawMessage, WindowRecord]]
+    ) -> tuple[list[ChangePoint], NormView, list[DeadLetter], tuple[int, int]]:
+        """Build, detect and expire; what it found, to be kept only if it all went well."""
+        frame, rejected = st.table.build([rec for _, rec in items])
+        view = NormView(part, frame, {k.name: k.view(frame)[2].copy() for k in _DEVICE_KINDS})
+        dead = [DeadLetter(items[r.index][0], r.reason) for r in rejected if r.kind == "late"]
+        self.unknown_hw.extend(st.table.newly_unknown)
+        st.table.newly_unknown.clear()
+        found = self._detect(st, view)
+        self._expire(part, st, frame)
+        return found, view, dead, (len(dead), len(rejected) - len(dead))
 
     def _decode(
         self, batch: list[RawMessage], out: Output, wall_ts: float | None

@@ -195,10 +195,14 @@ async def _assemble_kafka(
     daemon = Daemon(settings, source, pipeline, sinks, runner, checkpointer, rep)
     if wiring.http_host is not None:
         host = settings.http_host or wiring.http_host
-        registry = register_metrics(CollectorRegistry(), runner, source, checkpointer,
-                                    lambda: source.ready, rep)  # fmt: skip
-        daemon.http = await serve_http(settings.http_port, registry, lambda: source.ready,
-                                       host)  # fmt: skip
+        budget = settings.sinks.retry_budget_s
+
+        def ready() -> bool:
+            return source.ready and runner.sink_failing_s() < budget
+
+        registry = register_metrics(CollectorRegistry(), runner, source, checkpointer, ready,
+                                    rep)  # fmt: skip
+        daemon.http = await serve_http(settings.http_port, registry, ready, host)
         _close_on_exit(stack, daemon.http)
     return daemon
 

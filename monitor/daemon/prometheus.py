@@ -142,6 +142,9 @@ class DaemonCollector(Collector):
             records.add_metric([outcome], n)
         yield records
         yield _counter("flopwatch_change_events_total", "Change events read.", c.changes_in)
+        yield _counter("flopwatch_internal_errors_total", "Bugs caught at a record (dead-"
+                       "lettered as internal) or a batch instead of stopping the daemon; logged.",
+                       c.internal_errors)  # fmt: skip
         points = CounterMetricFamily(
             "flopwatch_change_points_total",
             "Change points found, by stream kind (layer, device, pool_layer, pool_device) and "
@@ -256,11 +259,20 @@ class DaemonCollector(Collector):
             sent.add_metric([sink, status], n)
         yield sent
         errors = CounterMetricFamily("flopwatch_sink_errors_total",
-                                     "Failed sends per sink (the daemon stops on one).",
+                                     "Failed sends per sink (each is retried with back-off).",
                                      labels=["sink"])  # fmt: skip
         for sink, n in sorted(r.send_errors.items()):
             errors.add_metric([sink], n)
         yield errors
+        failing = GaugeMetricFamily(
+            "flopwatch_sink_failing_seconds",
+            "How long each failing sink has failed (absent while it delivers); /readyz "
+            "fails past sinks.retry_budget_s.",
+            labels=["sink"],
+        )
+        for sink, secs in sorted(r.sink_failing().items()):
+            failing.add_metric([sink], secs)
+        yield failing
         firing = GaugeMetricFamily(
             "flopwatch_alerts_firing",
             "Alerts whose last record sent by this process was firing.",

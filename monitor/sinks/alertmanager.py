@@ -6,6 +6,10 @@ every `resend_s`; a resolved incident is posted once more with `endsAt`. When
 an alert's labels change (severity or scope grew), the old label set is
 resolved so on-call never sees two copies of one incident. HA: send to every
 instance, never through a load balancer (Alertmanager docs).
+
+What may be open in Alertmanager (label sets posted firing, ends not yet accepted) is
+`delivery_state()`; the runner keeps it in the checkpoint, and a restarted or new
+owner `adopt`s it, so it ends exactly the label sets that are open.
 """
 
 from __future__ import annotations
@@ -90,6 +94,11 @@ def _key(labels: dict[str, str]) -> tuple[str, str]:
     return labels.get("flopwatch_id", ""), json.dumps(labels, sort_keys=True)
 
 
+def _ending(labels: dict[str, str], starts_at: str, now: float) -> dict[str, Any]:
+    """The post that ends a label set (Alertmanager wants startsAt before endsAt)."""
+    return {"labels": labels, "startsAt": starts_at, "endsAt": _rfc3339(now)}
+
+
 class AlertmanagerSink:
     """Posts alerts to every configured Alertmanager and keeps firing ones alive.
 
@@ -104,11 +113,16 @@ class AlertmanagerSink:
         self.settings = settings
         self.log = get_logger("sink.alertmanager")
         self.active: dict[str, Alert] = {}
+        # By alert id: the label set posted firing, and its startsAt.
         self._posted_labels: dict[str, dict[str, str]] = {}
+        self._starts: dict[str, str] = {}
         # Per instance: ending posts not accepted yet, by (alert id, labels); retry timing.
         self.pending: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
             url: {} for url in settings.urls
         }
+        # Per instance: monotonic time of the first failed post since the last accepted one.
+        self._down: dict[str, float] = {}
+        self.failed_alerts = 0  # alerts that could not be rendered (logged, skipped)
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -122,26 +136,76 @@ class AlertmanagerSink:
         now = datetime.now(tz=UTC).timestamp()
         batch: list[dict[str, Any]] = []
         for a in alerts:
+            try:
+                new = labels_of(a)
+                body = to_postable(
+                    a,
+                    ends_at=now if a.status == "resolved" else None,
+                    external_url=self.settings.external_url,
+                )
+            except Exception as exc:  # one alert must not stop the others
+                self.failed_alerts += 1
+                self.log.exception("alert not rendered for alertmanager", id=a.id, error=str(exc))
+                continue
             old = self._posted_labels.get(a.id)
-            new = labels_of(a)
             if old is not None and old != new:
                 # Labels changed: end the old series so it does not linger as a duplicate.
-                batch.append({"labels": old, "endsAt": _rfc3339(now),
-                              "startsAt": _rfc3339(a.onset_ts)})  # fmt: skip
+                batch.append(_ending(old, self._starts.get(a.id, body["startsAt"]), now))
             for queue in self.pending.values():  # a newer state of the same labels wins
                 queue.pop(_key(new), None)
+            batch.append(body)
             if a.status == "resolved":
-                batch.append(to_postable(a, ends_at=now, external_url=self.settings.external_url))
                 self.active.pop(a.id, None)
                 self._posted_labels.pop(a.id, None)
+                self._starts.pop(a.id, None)
             else:
-                batch.append(to_postable(a, external_url=self.settings.external_url))
                 self.active[a.id] = a
                 self._posted_labels[a.id] = new
+                self._starts[a.id] = body["startsAt"]
         if batch:
             failed = await self._post_all(batch) or []
             for url in failed:
                 self._keep(url, [b for b in batch if "endsAt" in b])
+
+    def delivery_state(self) -> dict[str, dict[str, list[str]]]:
+        """By alert id: each label set that may be open in Alertmanager (JSON, sorted keys)
+        → [status, startsAt], status "firing" (posted) or "ending" (end not accepted)."""
+        out: dict[str, dict[str, list[str]]] = {}
+        for aid, labels in self._posted_labels.items():
+            out.setdefault(aid, {})[json.dumps(labels, sort_keys=True)] = [
+                "firing", self._starts.get(aid, "")
+            ]  # fmt: skip
+        for queue in self.pending.values():
+            for (aid, key), item in queue.items():
+                out.setdefault(aid, {})[key] = ["ending", str(item.get("startsAt", ""))]
+        return out
+
+    def adopt(self, aid: str, entries: dict[str, list[str]]) -> None:
+        """Take over what an earlier owner left open for one alert (`delivery_state`).
+
+        A firing label set becomes the alert's posted one, so the next record ends it if
+        its labels differ; an unaccepted end is queued again for every instance.
+        """
+        now = datetime.now(tz=UTC).timestamp()
+        for key, (status, starts_at) in entries.items():
+            labels = json.loads(key)
+            if status == "firing":
+                if aid not in self._posted_labels:
+                    self._posted_labels[aid] = labels
+                    self._starts[aid] = starts_at
+                elif self._posted_labels[aid] != labels:  # this process posted another
+                    for url in self.settings.urls:
+                        self._keep(url, [_ending(labels, starts_at, now)])
+            else:
+                for url in self.settings.urls:
+                    self._keep(url, [_ending(labels, starts_at, now)])
+
+    def failing_since(self) -> float | None:
+        """Monotonic time since which every instance has refused posts (None: one takes them)."""
+        urls = self.settings.urls
+        if not urls or any(u not in self._down for u in urls):
+            return None
+        return max(self._down[u] for u in urls)
 
     def _keep(self, url: str, ending: list[dict[str, Any]]) -> None:
         """Queue ending posts an instance did not accept, and schedule its retry."""
@@ -164,6 +228,7 @@ class AlertmanagerSink:
         for aid in ids:
             self.active.pop(aid, None)
             self._posted_labels.pop(aid, None)
+            self._starts.pop(aid, None)
 
     async def _post_all(self, batch: list[dict[str, Any]]) -> list[str]:
         """Post to every instance at once; the URLs that failed."""
@@ -175,7 +240,10 @@ class AlertmanagerSink:
         for url, res in zip(urls, results, strict=True):
             if isinstance(res, Exception):
                 failed.append(url)
+                self._down.setdefault(url, time.monotonic())
                 self.log.warning("alertmanager post failed", url=mask_url(url), error=str(res))
+            else:
+                self._down.pop(url, None)
         return failed
 
     async def _retry(self, url: str) -> None:
@@ -185,12 +253,14 @@ class AlertmanagerSink:
         try:
             await asyncio.to_thread(self._post, url, items)
         except AlertmanagerError as exc:
+            self._down.setdefault(url, time.monotonic())
             self._backoff[url] = min(2 * self._backoff[url], max(self.settings.resend_s, 1.0))
             jitter = 1.0 + 0.1 * random.random()  # noqa: S311 - spreading retries, not secrets
             self._retry_at[url] = time.monotonic() + self._backoff[url] * jitter
             self.log.warning("alertmanager retry failed", url=mask_url(url), pending=len(items),
                              error=str(exc))  # fmt: skip
             return
+        self._down.pop(url, None)
         for item in items:
             key = (
                 item["labels"].get("flopwatch_id", ""),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
+import msgspec
 from conftest import Alertmanager
 from factories import fleet
 
@@ -68,3 +72,57 @@ async def test_unreachable_instance_does_not_block_the_others(alertmanager: Aler
     ids = {a["labels"].get("flopwatch_id") for a in alertmanager.alerts()}
     assert firing[0].id in ids
     await sink.close()
+
+
+def _open_label_sets(am: Alertmanager, aid: str) -> list[dict[str, str]]:
+    """The label sets Alertmanager holds active for one flopwatch id."""
+    return [a["labels"] for a in am.alerts(active="true")
+            if a["labels"].get("flopwatch_id") == aid]  # fmt: skip
+
+
+async def test_a_new_owner_ends_the_label_set_the_old_one_left_open(
+    alertmanager: Alertmanager,
+) -> None:
+    """After a restart the re-sent page may carry other labels (severity, scope): the new
+    process ends the old label set it adopted from the checkpoint, so Alertmanager keeps
+    one copy of the incident (it used to keep both until `resolve_timeout`)."""
+    first = next(a for a in _alerts() if a.status == "firing")
+    page = msgspec.structs.replace(first, id="fw-adopt-labels")
+    old = AlertmanagerSink(AlertmanagerSettings(urls=[alertmanager.url], resend_s=3600))
+    await old.send([page])
+    kept = old.delivery_state()
+    await old.close()  # a crash: nothing ends the page
+    assert [json.loads(k) for k in kept[page.id]] == [labels_of(page)]
+    ticket = msgspec.structs.replace(page, severity="ticket")
+    new = AlertmanagerSink(AlertmanagerSettings(urls=[alertmanager.url], resend_s=3600))
+    new.adopt(page.id, kept[page.id])
+    await new.send([ticket])
+    assert _open_label_sets(alertmanager, page.id) == [labels_of(ticket)]
+    await new.close()
+
+
+async def test_an_end_left_unaccepted_is_posted_by_the_new_owner(
+    alertmanager: Alertmanager,
+) -> None:
+    """An end the old process could not deliver (kept as "ending" in the checkpoint) is
+    retried by the new one until Alertmanager takes it."""
+    first = next(a for a in _alerts() if a.status == "firing")
+    page = msgspec.structs.replace(first, id="fw-adopt-ending")
+    old = AlertmanagerSink(AlertmanagerSettings(urls=[alertmanager.url], resend_s=3600))
+    await old.send([page])
+    await old.close()
+    assert _open_label_sets(alertmanager, page.id) == [labels_of(page)]
+    starts = old.delivery_state()[page.id]
+    ending = {k: ["ending", v[1]] for k, v in starts.items()}
+    new = AlertmanagerSink(AlertmanagerSettings(urls=[alertmanager.url], resend_s=0.2))
+    await new.start()
+    try:
+        new.adopt(page.id, ending)
+        assert new.delivery_state()[page.id] == ending
+        async with asyncio.timeout(20):
+            while new.pending[alertmanager.url]:  # noqa: ASYNC110 - the sink's own retry loop
+                await asyncio.sleep(0.05)
+        assert _open_label_sets(alertmanager, page.id) == []
+        assert page.id not in new.delivery_state()
+    finally:
+        await new.close()
