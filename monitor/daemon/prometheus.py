@@ -22,7 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from monitor import __version__
-from monitor.daemon.runner import Runner
+from monitor.daemon.runner import Runner, sink_name
+from monitor.sinks.alertmanager import AlertmanagerSink
 
 if TYPE_CHECKING:
     from monitor.checkpoint import Checkpointer
@@ -273,6 +274,15 @@ class DaemonCollector(Collector):
         for sink, secs in sorted(r.sink_failing().items()):
             failing.add_metric([sink], secs)
         yield failing
+        unrendered = CounterMetricFamily(
+            "flopwatch_alerts_unrendered_total",
+            "Alert records a sink could not render (logged with the alert id and skipped).",
+            labels=["sink"],
+        )
+        for s in r.sinks:
+            if isinstance(s, AlertmanagerSink):
+                unrendered.add_metric([sink_name(s)], s.failed_alerts)
+        yield unrendered
         firing = GaugeMetricFamily(
             "flopwatch_alerts_firing",
             "Alerts whose last record sent by this process was firing.",
