@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from monitor.config import Settings, catalog_from
 from monitor.errors import UsageError
@@ -39,31 +37,44 @@ def add_arguments(
     tt.add_argument("--steps", type=int, default=1,
                     help="profiler steps per window (default 1; a step is never cut)")  # fmt: skip
 
+    dc = sub.add_parser("dcgm", parents=[common, where],
+                        help="dcgm-exporter (live or saved) or dmon CSV -> records")  # fmt: skip
+    src = dc.add_mutually_exclusive_group(required=True)
+    src.add_argument("--url", help="a live exporter, e.g. http://host:9400/metrics (sidecar)")
+    src.add_argument("--file", type=Path, help="saved exposition text (one scrape)")
+    src.add_argument("--dmon", type=Path, help="1 Hz CSV (EntityId,GRACT,...,TimeStamp)")
+    dc.add_argument("--interval", type=duration, default=None,
+                    help="window length: scrape period for --url (default 10s), the exporter's "
+                         "collect interval for --file (default 30s), samples per window for "
+                         "--dmon (default 10s)")  # fmt: skip
+    dc.add_argument(
+        "--dtype",
+        default="bf16",
+        help="precision the tensor pipes run at, for the FLOP estimate (default bf16)",
+    )
+    dc.add_argument(
+        "--pool-label", default=None, help="exporter label whose value is the pool (e.g. namespace)"
+    )
+    dc.add_argument(
+        "--duration",
+        type=duration,
+        default=None,
+        help="--url: stop after this long (default: run until stopped)",
+    )
+
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Dispatch `flopwatch ingest ADAPTER`."""
     if args.adapter == "torch-trace":
         return _torch_trace(args, settings)
-    raise UsageError(f"unknown ingest adapter {args.adapter!r}")
+    from monitor.ingest.dcgm_cli import run_dcgm  # noqa: PLC0415 - prometheus parser on demand
+
+    code: int = run_dcgm(args, settings)
+    return code
 
 
 def _pool(args: argparse.Namespace, settings: Settings, host: str | None) -> str | None:
     return args.pool or (settings.ingest.pools.get(host) if host else None)
-
-
-def emit(args: argparse.Namespace, settings: Settings, records: Sequence[dict[str, Any]]) -> str:
-    """Write or produce the records; returns where they went, for the summary line."""
-    if args.kafka is not None:
-        kafka = output.kafka_settings(settings.kafka, args.kafka)
-        asyncio.run(output.produce(kafka, records))
-        return f"topic {kafka.topics.samples} at {kafka.bootstrap_servers}"
-    if args.out is not None:
-        output.write_records(args.out, records)
-        return str(args.out)
-    for rec in records:
-        sys.stdout.buffer.write(output.encode(rec) + b"\n")
-    sys.stdout.flush()
-    return "stdout"
 
 
 def _summary(st: TraceStats) -> str:
@@ -98,7 +109,7 @@ def _torch_trace(args: argparse.Namespace, settings: Settings) -> int:
             pool = settings.ingest.pools.get(rec.get("host", ""))
             if pool:
                 rec["pool"] = pool
-    where = emit(args, settings, records)
+    where = output.emit(args, settings, records)
     for st in stats:
         print(_summary(st), file=sys.stderr)
     print(f"{len(records)} records -> {where}", file=sys.stderr)

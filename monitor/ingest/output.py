@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import gzip
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import msgspec
 
-from monitor.config import KafkaSettings
+from monitor.config import KafkaSettings, Settings
 from monitor.errors import IngestError, UsageError
 from monitor.kafka_client import client_kwargs
 
@@ -85,3 +88,18 @@ async def produce(kafka: KafkaSettings, records: Sequence[dict[str, Any]]) -> No
         await producer.send(records)
     finally:
         await producer.close()
+
+
+def emit(args: argparse.Namespace, settings: Settings, records: Sequence[dict[str, Any]]) -> str:
+    """Write or produce the records; returns where they went, for the summary line."""
+    if args.kafka is not None:
+        kafka = kafka_settings(settings.kafka, args.kafka)
+        asyncio.run(produce(kafka, records))
+        return f"topic {kafka.topics.samples} at {kafka.bootstrap_servers}"
+    if args.out is not None:
+        write_records(args.out, records)
+        return str(args.out)
+    for rec in records:
+        sys.stdout.buffer.write(encode(rec) + b"\n")
+    sys.stdout.flush()
+    return "stdout"
