@@ -99,7 +99,8 @@ def dtype_of(type_name: str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class LayerRules:
-    """The compiled rules table: `classify` names a kernel's layer type."""
+    """The compiled rules table, asked in order: `by_kernel_first`, `by_scope` (module
+    scope, innermost first, then the op chain), `by_kernel`; "other" when none answers."""
 
     tiers: tuple[tuple[tuple[re.Pattern[str], str], ...], ...]
 
@@ -122,16 +123,17 @@ class LayerRules:
                     return layer
         return None
 
-    def classify(self, modules: Sequence[str], ops: Sequence[str], kernel: str) -> str:
-        """Layer type from (innermost-first) module scope, op chain and kernel name."""
-        first, module, op, kern = self.tiers
-        return (
-            self._first(first, (kernel,))
-            or self._first(module, modules)
-            or self._first(op, ops)
-            or self._first(kern, (kernel,))
-            or "other"
-        )
+    def by_kernel_first(self, kernel: str) -> str | None:
+        """The rules that outrank scope (collectives), on the kernel name."""
+        return self._first(self.tiers[0], (kernel,))
+
+    def by_scope(self, modules: Sequence[str], ops: Sequence[str]) -> str | None:
+        """Module rules on the module scope, then op rules on the op chain."""
+        return self._first(self.tiers[1], modules) or self._first(self.tiers[2], ops)
+
+    def by_kernel(self, kernel: str) -> str | None:
+        """Kernel-name rules: what types a kernel no scope or op names."""
+        return self._first(self.tiers[3], (kernel,))
 
 
 class HwAliases:

@@ -90,7 +90,8 @@ class _Linker:
         ops = tr.ops
         self._own_chain: dict[int, tuple[str, ...] | None] = {}
         self._chain: dict[int, tuple[tuple[str, ...], tuple[str, ...], int, bool]] = {}
-        self._layer: dict[tuple[int, str], str] = {}
+        self._scope: dict[int, str | None] = {}
+        self._by_name: dict[str, tuple[str | None, str | None]] = {}
         # Forward ops by autograd sequence number, so backward ops find their module scope.
         self._fwd_by_seq: dict[int, int] = {}
         for i, args in enumerate(ops.args):
@@ -147,13 +148,24 @@ class _Linker:
         return got
 
     def layer(self, op: int, kernel: str) -> str:
-        """Layer type of a kernel launched by `op` (-1: unlinked, kernel-name rules only)."""
-        key = (op, kernel)
-        got = self._layer.get(key)
-        if got is None:
-            modules, names, _, _ = self.chain(op) if op >= 0 else ((), (), -1, False)
-            got = self._layer[key] = self.rules.classify(modules, names, kernel)
-        return got
+        """Layer type of a kernel launched by `op` (-1: unlinked, kernel-name rules only).
+
+        In the table's order (`LayerRules`), memoised per kernel name and per op: a trace
+        has thousands of kernels but far fewer distinct names and launching ops.
+        """
+        named = self._by_name.get(kernel)
+        if named is None:
+            named = (self.rules.by_kernel_first(kernel), self.rules.by_kernel(kernel))
+            self._by_name[kernel] = named
+        if named[0]:
+            return named[0]
+        scope: str | None = None
+        if op >= 0:
+            if op not in self._scope:
+                modules, names, _, _ = self.chain(op)
+                self._scope[op] = self.rules.by_scope(modules, names)
+            scope = self._scope[op]
+        return scope or named[1] or "other"
 
 
 def _link(tr: Trace, rules: LayerRules) -> _Links:
@@ -259,6 +271,7 @@ def ingest_trace(
     """Window records of one trace file, in time order, and what it yielded."""
     tr = read_trace(path)
     links = _link(tr, rules)
+    kinds = _Kinds.of(tr.k_name)
     k_start = np.asarray(tr.k_ts)
     k_end = k_start + np.asarray(tr.k_dur)
     launch = np.array(
@@ -288,7 +301,7 @@ def ingest_trace(
             hw = ident.hw or aliases.resolve(name, sms)
             if hw is None:
                 stats.unknown_devices.append(name or f"device {d}")
-            rec = _record(tr, links, sel, k_start, k_end, hw, catalog)
+            rec = _record(links, kinds, sel, k_start, k_end, hw, catalog)
             start = ends[w - 1] if w else ends[-1]
             rec.update(
                 ts=tr.base_s + ends[w] / 1e6,
@@ -328,37 +341,68 @@ def _window_ends(
     return [*ends, start0]
 
 
+@dataclass(slots=True)
+class _Kinds:
+    """Per kernel: what its name says (computed once per distinct name)."""
+
+    gemm: np.ndarray
+    simt: np.ndarray
+    fused: np.ndarray
+    softmax: np.ndarray
+    comm: np.ndarray
+    short: list[str]  # per distinct name
+    name_id: I64
+
+    @classmethod
+    def of(cls, names: Sequence[str]) -> _Kinds:
+        """Classify every distinct kernel name once."""
+        uniq, inv = np.unique(np.asarray(names, dtype=object), return_inverse=True)
+
+        def flag(pattern: Any) -> np.ndarray:
+            return np.array([bool(pattern.search(n)) for n in uniq], dtype=bool)[inv]
+
+        return cls(
+            gemm=flag(GEMM_LIKE), simt=flag(SIMT_GEMM), fused=flag(FUSED_ATTENTION),
+            softmax=flag(SOFTMAX), comm=flag(COLLECTIVE),
+            short=[short_kernel_name(n) for n in uniq], name_id=inv.reshape(-1),
+        )  # fmt: skip
+
+
 def _record(
-    tr: Trace, links: _Links, sel: I64, k_start: F64, k_end: F64, hw: str | None, catalog: Catalog
+    links: _Links,
+    kinds: _Kinds,
+    sel: I64,
+    k_start: F64,
+    k_end: F64,
+    hw: str | None,
+    catalog: Catalog,
 ) -> dict[str, Any]:
     """One device-window's record body: the layers, and the precision MFU is judged at."""
     layers: list[dict[str, Any]] = []
-    names = [tr.k_name[k] for k in sel]
-    types = [links.layer[k] for k in sel]
+    types = np.asarray([links.layer[k] for k in sel], dtype=object)
     dur = k_end[sel] - k_start[sel]
-    comm = np.array([bool(COLLECTIVE.search(n)) for n in names], dtype=bool)
+    comm = kinds.comm[sel]
     flops_by_dtype: dict[str, float] = {}
-    for k in sel:
-        if links.flops[k] > 0 and links.dtype[k]:
-            dt = links.dtype[k] or ""
+    for k in sel[links.flops[sel] > 0]:
+        dt = links.dtype[k]
+        if dt:
             flops_by_dtype[dt] = flops_by_dtype.get(dt, 0.0) + float(links.flops[k])
-    for layer in sorted(set(types)):
-        m = np.array([t == layer for t in types], dtype=bool)
+    for layer in sorted(set(types.tolist())):
+        m = types == layer
+        ks = sel[m]
         body: dict[str, Any] = {"type": layer}
-        flops = float(links.flops[sel[m]].sum())
-        if flops > 0 and _covered([names[i] for i in np.flatnonzero(m)], links.counted[sel[m]]):
+        flops = float(links.flops[ks].sum())
+        if flops > 0 and _covered(kinds, links, ks):
             body["flops"] = flops
-        body["busy_s"] = _union_s(k_start[sel[m]], k_end[sel[m]]) / 1e6
+        body["busy_s"] = _union_s(k_start[ks], k_end[ks]) / 1e6
         if layer == "allreduce" and comm[m].any():
             # Collective time no compute kernel overlapped: what the device spent waiting.
             exposed = _union_s(k_start[sel], k_end[sel]) - _union_s(
                 k_start[sel[~comm]], k_end[sel[~comm]]
             )
             body["sync_wait_s"] = max(exposed, 0.0) / 1e6
-        body["kernel"] = _dominant([names[i] for i in np.flatnonzero(m)], dur[m])
-        frac = _fallback(
-            layer, [names[i] for i in np.flatnonzero(m)], links.via_bmm[sel[m]], dur[m]
-        )
+        body["kernel"] = _dominant(kinds, ks, dur[m])
+        frac = _fallback(layer, kinds, ks, links.via_bmm[ks], dur[m])
         if frac is not None:
             body["fallback_frac"] = frac
         layers.append(body)
@@ -389,38 +433,34 @@ def _record_dtype(flops_by_dtype: dict[str, float], hw: str | None, catalog: Cat
     return max(flops_by_dtype, key=lambda d: flops_by_dtype[d])
 
 
-def _covered(names: Sequence[str], counted: np.ndarray) -> bool:
+def _covered(kinds: _Kinds, links: _Links, ks: I64) -> bool:
     """Whether every GEMM/convolution/attention kernel of a layer belongs to a counted op.
 
     FLOPs known for part of a layer's compute would make its MFU an arbitrary fraction
     of the truth (compiled regions and ops recorded without shapes have no count): then
     the layer's FLOPs are not measured.
     """
-    core = np.array(
-        [bool(GEMM_LIKE.search(n) or FUSED_ATTENTION.search(n)) for n in names], dtype=bool
-    )
-    return bool(counted[core].all())
+    core = kinds.gemm[ks] | kinds.fused[ks]
+    return bool(links.counted[ks][core].all())
 
 
-def _dominant(names: Sequence[str], dur: F64) -> str:
+def _dominant(kinds: _Kinds, ks: I64, dur: F64) -> str:
     """The kernel (short name) with the most time."""
     totals: dict[str, float] = {}
-    for name, d in zip(names, dur.tolist(), strict=True):
-        short = short_kernel_name(name)
+    for nid, d in zip(kinds.name_id[ks].tolist(), dur.tolist(), strict=True):
+        short = kinds.short[nid]
         totals[short] = totals.get(short, 0.0) + d
     return max(totals, key=lambda n: totals[n])
 
 
-def _fallback(layer: str, names: Sequence[str], via_bmm: np.ndarray, dur: F64) -> float | None:
+def _fallback(layer: str, kinds: _Kinds, ks: I64, via_bmm: np.ndarray, dur: F64) -> float | None:
     """Share of the layer's compute-kernel time (GEMM, convolution, attention core) spent
     on fallback kernels: GEMMs off the tensor cores, and in attention the unfused core
     (separate softmax and activation-by-activation GEMMs) instead of a fused kernel."""
-    gemm = np.array([bool(GEMM_LIKE.search(n)) for n in names], dtype=bool)
-    simt = np.array([bool(SIMT_GEMM.search(n)) for n in names], dtype=bool)
+    gemm, simt = kinds.gemm[ks], kinds.simt[ks]
     if layer == "attention":
-        fused = np.array([bool(FUSED_ATTENTION.search(n)) for n in names], dtype=bool)
-        soft = np.array([bool(SOFTMAX.search(n)) for n in names], dtype=bool)
-        core = gemm | fused | soft
+        soft = kinds.softmax[ks]
+        core = gemm | kinds.fused[ks] | soft
         fallback = simt | soft | (gemm & via_bmm)
     else:
         core, fallback = gemm, simt
