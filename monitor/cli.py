@@ -1,4 +1,4 @@
-"""The `flopwatch` command: up, run, sim, replay, record, detect, schema, config."""
+"""The `flopwatch` command: up, run, sim, replay, record, ingest, detect, schema, config."""
 
 from __future__ import annotations
 
@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one JSON object per change point: onset, detected (sample index), "
                           "before, after, score")  # fmt: skip
 
+    ing = sub.add_parser("ingest", help="real telemetry (profiler traces, DCGM) -> window records")
+    from monitor.ingest.commands import add_arguments as add_ingest  # noqa: PLC0415
+
+    add_ingest(ing, common, _duration)
+
     sc = sub.add_parser("schema", parents=[common], help="print the JSON Schema of each record")
     sc.add_argument("--record", choices=["window_record", "change_event", "alert"], default=None)
 
@@ -181,6 +186,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             sys.stdin, sys.stdout, kind=d.kind, params=d.engine_params(), details=args.details
         )
         return code
+    if cmd == "ingest":
+        from monitor.ingest.commands import run as run_ingest  # noqa: PLC0415
+
+        return run_ingest(args, settings)
     if cmd == "sim":
         from sim.cli import main as sim_main  # noqa: PLC0415
 

@@ -7,6 +7,7 @@ sub-model; nothing imports `Settings` to read globals.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from pydantic_settings import (
 )
 
 from monitor.errors import ConfigError
+from monitor.hardware import Catalog, HardwareSpec
 
 
 class _Frozen(BaseModel):
@@ -237,6 +239,51 @@ class HardwareEntry(_Frozen):
     max_clock_mhz: float | None = None
 
 
+class LayerRule(_Frozen):
+    """One row of the layer-type rules table: a regex on a module, op or kernel name."""
+
+    field: Literal["module", "op", "kernel"]
+    pattern: str
+    type: str = Field(pattern=r"^[a-z0-9_]{1,32}$")
+
+    @model_validator(mode="after")
+    def _compiles(self) -> LayerRule:
+        """A bad regex fails at load, with the pattern named."""
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise ValueError(f"bad pattern {self.pattern!r}: {exc}") from None
+        return self
+
+
+class IngestSettings(_Frozen):
+    """How the ingest adapters name what they read; each list runs before the built-in one."""
+
+    layer_rules: list[LayerRule] = Field(
+        default_factory=list,
+        description="extra layer-type rules, tried before the built-in table "
+        "(monitor/ingest/rules.py) within their field",
+    )
+    hw_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="regex on the device name -> hardware catalog key, tried before the "
+        "built-in aliases",
+    )
+    pools: dict[str, str] = Field(
+        default_factory=dict, description="host -> pool, for records whose source names no pool"
+    )
+
+    @model_validator(mode="after")
+    def _aliases_compile(self) -> IngestSettings:
+        """A bad alias regex fails at load."""
+        for pattern in self.hw_aliases:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"bad hw_aliases pattern {pattern!r}: {exc}") from None
+        return self
+
+
 class Settings(BaseSettings):
     """The whole effective configuration of a flopwatch process."""
 
@@ -255,6 +302,7 @@ class Settings(BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     limits: LimitSettings = LimitSettings()
     hardware: dict[str, HardwareEntry] = Field(default_factory=dict)
+    ingest: IngestSettings = IngestSettings()
     http_port: int = Field(default=9108, ge=0, le=65535, description="0 disables /metrics")
     http_host: str | None = Field(
         default=None,
@@ -324,3 +372,18 @@ def masked_dump(settings: Settings) -> dict[str, Any]:
     if am["external_url"]:
         am["external_url"] = mask_url(am["external_url"])
     return data
+
+
+def catalog_from(settings: Settings) -> Catalog:
+    """The hardware catalog with the config's `[hardware.<key>]` entries merged in."""
+    return Catalog(
+        {
+            k: HardwareSpec(
+                peak_flops={d.lower(): v for d, v in e.peak_flops.items()},
+                hbm_bytes_per_s=e.hbm_bytes_per_s,
+                source=e.source,
+                max_clock_mhz=e.max_clock_mhz,
+            )
+            for k, e in settings.hardware.items()
+        }
+    )

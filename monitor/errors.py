@@ -63,3 +63,7 @@ class AlertmanagerError(FlopwatchError, RuntimeError):
     """An Alertmanager instance refused or could not be reached."""
 
     retriable = True
+
+
+class IngestError(FlopwatchError, ValueError):
+    """An input an ingest adapter cannot read (not a trace, not exposition text, no devices)."""

@@ -62,6 +62,52 @@ DEFAULT_CATALOG: dict[str, HardwareSpec] = {
         hbm_bytes_per_s=5.3e12,
         source="AMD MI300X datasheet, dense; alpharomercoma/MI300X-vs-H200 METHODOLOGY.md",
     ),
+    "a800": HardwareSpec(
+        peak_flops=_tf(bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5),
+        hbm_bytes_per_s=2.039e12,
+        max_clock_mhz=1410.0,
+        source="NVIDIA A800 80 GB SXM: A100 silicon, NVLink cut to 400 GB/s; dense "
+        "(311.87 BF16, 155.94 TF32 tensor, 19.49 FP32); "
+        "https://hmc-tech.com/gpu/nvidia-a800-vs-nvidia-t40",
+    ),
+    "v100": HardwareSpec(
+        # Volta tensor cores take fp16 only: no bf16 or tf32 peak, so those get no MFU.
+        peak_flops=_tf(fp16=125.0, fp32=15.7, fp64=7.8),
+        hbm_bytes_per_s=900e9,
+        max_clock_mhz=1530.0,
+        source="NVIDIA Tesla V100 SXM2 datasheet: 125 tensor TFLOPS (fp16), 15.7 FP32, "
+        "900 GB/s HBM2; https://developer.nvidia.com/programming-tensor-cores-cuda-9-0",
+    ),
+    "t4": HardwareSpec(
+        peak_flops=_tf(fp16=65.0, int8=130.0, fp32=8.1),
+        hbm_bytes_per_s=320e9,
+        max_clock_mhz=1590.0,
+        source="NVIDIA T4 datasheet: 65 FP16 tensor TFLOPS, 130 INT8 TOPS, 8.1 FP32, "
+        "320 GB/s GDDR6; https://sysrqmts.com/en/gpus/nvidia/tesla/t4",
+    ),
+    "l40s": HardwareSpec(
+        peak_flops=_tf(bf16=362.05, fp16=362.05, fp8=733.0, tf32=183.0, fp32=91.6),
+        hbm_bytes_per_s=864e9,
+        max_clock_mhz=2520.0,
+        source="NVIDIA L40S datasheet, dense (733 BF16 / 366 TF32 are with sparsity), "
+        "864 GB/s GDDR6; https://www.mullet.se/product.html?product_id=355414",
+    ),
+    # ROCm, PyTorch and the exporters see each of an MI250(X)'s two GCDs as one device:
+    # these entries are per GCD, half of the OAM package's figures.
+    "mi250x": HardwareSpec(
+        peak_flops=_tf(bf16=191.5, fp16=191.5, fp32=47.85, fp64=47.85),
+        hbm_bytes_per_s=1.6e12,
+        max_clock_mhz=1700.0,
+        source="AMD Instinct MI250X, per GCD (package: 383 BF16/FP16 matrix, 95.7 FP32/FP64 "
+        "matrix, 3.2 TB/s); https://yobitel.com/knowledge-base/amd-mi250",
+    ),
+    "mi250": HardwareSpec(
+        peak_flops=_tf(bf16=181.05, fp16=181.05, fp32=45.25, fp64=45.25),
+        hbm_bytes_per_s=1.6e12,
+        max_clock_mhz=1700.0,
+        source="AMD Instinct MI250, per GCD (package: 362.1 BF16/FP16 matrix, 90.5 FP32/FP64 "
+        "matrix, 3.2 TB/s); https://yobitel.com/knowledge-base/amd-mi250",
+    ),
     "tpu-v5e": HardwareSpec(
         peak_flops=_tf(bf16=197.0, int8=394.0),
         hbm_bytes_per_s=819e9,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor.arrays import F64, I64
-from monitor.config import Settings
+from monitor.config import Settings, catalog_from
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import AGGREGATE, ChangePoint, Correlator, Incident
 from monitor.core.lifecycle import AlertLifecycle, AlertState
@@ -37,7 +37,6 @@ from monitor.core.stream_table import STREAM_KINDS, Frame, StreamKind, StreamTab
 from monitor.core.types import DeadLetter, NormView, Output, RawMessage
 from monitor.detect import Detections
 from monitor.errors import DecodeError
-from monitor.hardware import Catalog, HardwareSpec
 from monitor.indicators import DEVICE_METRICS, LAYER_METRICS, STAGE_OF, material_floors
 from monitor.wire import Alert, Codec, WindowRecord
 
@@ -65,21 +64,6 @@ class PipelineStats:
     def totals(self) -> dict[str, int]:
         """The plain counts, for a summary log line."""
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}
-
-
-def catalog_from(settings: Settings) -> Catalog:
-    """The hardware catalog with config entries merged in."""
-    return Catalog(
-        {
-            k: HardwareSpec(
-                peak_flops={d.lower(): v for d, v in e.peak_flops.items()},
-                hbm_bytes_per_s=e.hbm_bytes_per_s,
-                source=e.source,
-                max_clock_mhz=e.max_clock_mhz,
-            )
-            for k, e in settings.hardware.items()
-        }
-    )
 
 
 class Pipeline:
