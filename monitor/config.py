@@ -213,6 +213,11 @@ class CheckpointSettings(_Frozen):
         default=None,
         description="HMAC-SHA256 key: sign checkpoints and restore only signed ones",
     )
+    require_key: bool = Field(
+        default=True,
+        description="refuse to run with checkpoints but no key (false: unsigned, for a state "
+        "topic only flopwatch can write)",
+    )
 
 
 class LimitSettings(_Frozen):

@@ -159,6 +159,14 @@ async def _assemble_kafka(
     if not kafka.bootstrap_servers:
         raise UsageError("no Kafka configured: set FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS "
                          "(or use `flopwatch up` for the embedded demo)")  # fmt: skip
+    cp = settings.checkpoint
+    if cp.enabled and cp.key is None and cp.require_key and not wiring.private_broker:
+        # Whoever can produce to the state topic could otherwise forge detector and
+        # incident state, which the daemon restores at every start and rebalance.
+        raise UsageError("checkpoint.key is not set: put an HMAC key in "
+                         "FLOPWATCH_CHECKPOINT__KEY (from a Secret), or set "
+                         "FLOPWATCH_CHECKPOINT__REQUIRE_KEY=false to run with unsigned "
+                         "checkpoints on a state topic only flopwatch can write")  # fmt: skip
     # Closed in reverse order of registration: the source first (leaving the group may
     # still save revoked partitions), then the checkpoint store, the copy stage, and the
     # producer last, so the final checkpoint and the last dead letters still go out.

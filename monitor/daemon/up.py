@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import secrets
 import sys
 import time
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaProducer
+from pydantic import SecretStr
 
 from monitor.config import Settings
 from monitor.daemon.assemble import Wiring, assemble, run_daemon
@@ -66,6 +68,11 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
             stack.push_async_callback(broker.stop)
             kafka = settings.kafka.model_copy(update={"bootstrap_servers": broker.bootstrap})
             settings = settings.model_copy(update={"kafka": kafka})
+        if settings.checkpoint.key is None:
+            # The demo signs its checkpoints too, with a key of its own for this run.
+            key = SecretStr(secrets.token_hex(32))
+            checkpoint = settings.checkpoint.model_copy(update={"key": key})
+            settings = settings.model_copy(update={"checkpoint": checkpoint})
         kafka = settings.kafka
         speed = "as fast as possible" if args.speed is None else f"x{args.speed:g}"
         _say(f"broker {kafka.bootstrap_servers}{' (embedded)' if private else ''}; scenario "

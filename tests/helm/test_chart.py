@@ -9,6 +9,7 @@ daemon rejects fails here rather than in a CrashLoopBackOff.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import tomllib
@@ -489,9 +490,16 @@ def test_all_on_values_load_into_settings(
 
 
 def test_secrets_are_never_inline(rendered: dict[str, list[Manifest]]) -> None:
-    """No Secret object is rendered; password variables come from secretKeyRef only."""
-    for docs in rendered.values():
-        assert not [d for d in docs if d["kind"] == "Secret"]
+    """No secret comes from values: the one Secret rendered is the generated checkpoint key
+    (absent when an existing Secret is named); secret variables use secretKeyRef only."""
+    for key, docs in rendered.items():
+        secrets = [d for d in docs if d["kind"] == "Secret"]
+        if key == "all_on":
+            assert secrets == []
+        else:
+            (secret,) = secrets
+            assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+            assert len(base64.b64decode(secret["data"]["key"])) == 64
         for item in daemon(docs)["env"]:
             name = item["name"]
             if any(w in name for w in ("PASSWORD", "SECRET", "TOKEN")) or name.endswith("__KEY"):

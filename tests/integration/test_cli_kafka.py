@@ -28,6 +28,7 @@ def _env(settings: Settings) -> dict[str, str]:
     return {
         **os.environ,
         "FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS": k.bootstrap_servers or "",
+        "FLOPWATCH_CHECKPOINT__KEY": "test-checkpoint-key",
         "FLOPWATCH_KAFKA__GROUP_ID": k.group_id,
         "FLOPWATCH_KAFKA__TOPICS__SAMPLES": t.samples,
         "FLOPWATCH_KAFKA__TOPICS__CHANGES": t.changes,

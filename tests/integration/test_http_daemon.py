@@ -126,6 +126,7 @@ def _daemon(
     s = isolated_settings(broker)
     k, t = s.kafka, s.kafka.topics
     env = {**os.environ, "FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+           "FLOPWATCH_CHECKPOINT__KEY": "test-checkpoint-key",
            "FLOPWATCH_KAFKA__GROUP_ID": k.group_id, "FLOPWATCH_KAFKA__TOPICS__SAMPLES": t.samples,
            "FLOPWATCH_KAFKA__TOPICS__CHANGES": t.changes, "FLOPWATCH_KAFKA__TOPICS__STATE": t.state,
            "FLOPWATCH_SINKS__CONSOLE": "false", "FLOPWATCH_LOG_FORMAT": "json",

@@ -185,6 +185,7 @@ def test_flopwatch_run_with_repartition(broker: EmbeddedBroker, tmp_path: Path) 
     asyncio.run(ensure_topics(kafka))
     out, log = tmp_path / "alerts.jsonl", tmp_path / "run.log"
     env = {**os.environ, "FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+           "FLOPWATCH_CHECKPOINT__KEY": "test-checkpoint-key",
            "FLOPWATCH_KAFKA__GROUP_ID": kafka.group_id, "FLOPWATCH_KAFKA__REPARTITION": "true",
            "FLOPWATCH_KAFKA__TOPICS__SAMPLES": t.samples, "FLOPWATCH_KAFKA__TOPICS__BY_POOL":
            t.by_pool, "FLOPWATCH_KAFKA__TOPICS__CHANGES": t.changes,

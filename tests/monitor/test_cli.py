@@ -222,6 +222,7 @@ def test_unreachable_kafka_is_one_line_exit_2(monkeypatch, capsys) -> None:
     where = f"127.0.0.1:{free_port()}"
     monkeypatch.setenv("FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS", where)
     monkeypatch.setenv("FLOPWATCH_HTTP_PORT", "0")
+    monkeypatch.setenv("FLOPWATCH_CHECKPOINT__KEY", "test-key")
     assert main(["run"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
@@ -243,3 +244,15 @@ def test_replay_batch_size_zero_is_misuse(tmp_path: Path, capsys) -> None:
     rec.write_text("")
     assert main(["replay", str(rec), "--batch-size", "0"]) == 2
     assert "--batch-size must be >= 1" in capsys.readouterr().err
+
+
+def test_run_without_a_checkpoint_key_is_refused(monkeypatch, capsys) -> None:
+    """Checkpoint authentication is on by default: `run` without a key names the setting
+    and the way out in one line, exit 2, before it connects to anything."""
+    monkeypatch.setenv("FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.delenv("FLOPWATCH_CHECKPOINT__KEY", raising=False)
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "FLOPWATCH_CHECKPOINT__KEY" in err
+    assert "FLOPWATCH_CHECKPOINT__REQUIRE_KEY=false" in err

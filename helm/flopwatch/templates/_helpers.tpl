@@ -82,3 +82,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $r | toString -}}
 {{- end -}}
 {{- end }}
+
+{{/* The Secret holding the checkpoint HMAC key: the one named, else the generated one. */}}
+{{- define "flopwatch.checkpointSecret" -}}
+{{- .Values.checkpoint.existingSecret | default (printf "%s-checkpoint" (include "flopwatch.fullname" .)) -}}
+{{- end }}
