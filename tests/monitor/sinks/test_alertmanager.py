@@ -11,6 +11,7 @@ from factories import fleet
 
 from monitor.config import AlertmanagerSettings, Settings
 from monitor.core.pipeline import Pipeline
+from monitor.daemon.runner import Runner
 from monitor.sinks.alertmanager import AlertmanagerSink
 
 
@@ -106,3 +107,39 @@ async def test_a_resolve_refused_while_alertmanager_is_down_arrives_when_it_is_b
     finally:
         await sink.close()
         am.close()
+
+
+async def test_failing_since_only_while_every_instance_refuses() -> None:
+    """The sink reports failing (what /readyz and flopwatch_sink_failing_seconds read) from
+    the first refused post while no instance takes posts, and not once one does."""
+    p = Pipeline(Settings())
+    alerts = [a for b in fleet(70, regress_at=45, change_at=44) for a in p.process(b).alerts]
+    am = _Receiver()
+    sink = AlertmanagerSink(AlertmanagerSettings(urls=[am.url], resend_s=3600, timeout_s=2))
+    try:
+        assert sink.failing_since() is None
+        await sink.send(alerts[-1:])
+        since = sink.failing_since()
+        assert since is not None
+        runner = Runner(_NoSource(), p, [sink])
+        assert runner.sink_failing()["alertmanager"] >= 0
+        await sink.send(alerts[-1:])
+        assert sink.failing_since() == since  # still down: failing since the first refusal
+        am.down = False
+        await sink.send(alerts[-1:])
+        assert sink.failing_since() is None
+        assert runner.sink_failing() == {}
+    finally:
+        await sink.close()
+        am.close()
+
+
+class _NoSource:
+    async def batches(self):  # pragma: no cover - never iterated
+        yield []
+
+    async def commit(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
