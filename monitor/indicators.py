@@ -67,6 +67,23 @@ BAD_DIRECTION: dict[str, int] = {
     "req_rate": 0, "batch": 0, "kernel": +1,
 }  # fmt: skip
 
+# Proportions near 1 are judged on their complement, the error rate: quality 0.999 -> 0.990
+# is a 0.9 % move of quality and a tenfold error rate. Materiality floors, severity and
+# recovery compare error rates (up is bad) for these metrics.
+COMPLEMENT = frozenset({"quality"})
+
+
+def judged(metric: str, value: float) -> float:
+    """A level on the scale its metric is judged on (the error rate 1 - q for quality)."""
+    return 1.0 - value if metric in COMPLEMENT else value
+
+
+def judged_sign(metric: str) -> int:
+    """The bad direction on that scale (+1: up is bad)."""
+    sign = BAD_DIRECTION.get(metric, -1)
+    return -sign if metric in COMPLEMENT else sign
+
+
 # Smallest absolute shift worth reporting, per metric: a 20% change of an all-reduce's
 # 0.0001 MFU is statistically real and operationally meaningless.
 MIN_ABS_CHANGE: dict[str, float] = {
@@ -76,9 +93,10 @@ MIN_ABS_CHANGE: dict[str, float] = {
 }  # fmt: skip
 
 # Smallest relative shift worth reporting (vs the level before), per metric; 5% otherwise.
-# A 4% quality drop is a bad model; a 10% p99 wobble is a normal afternoon.
+# Quality's is relative to its error rate: a quarter more failed answers is a bad model;
+# a 10% p99 wobble is a normal afternoon.
 MIN_REL_CHANGE: dict[str, float] = {
-    "quality": 0.01, "clock_mhz": 0.03, "lat_p50_ms": 0.10, "lat_p95_ms": 0.10,
+    "quality": 0.25, "clock_mhz": 0.03, "lat_p50_ms": 0.10, "lat_p95_ms": 0.10,
     "lat_p99_ms": 0.10, "queue_wait_ms": 0.25, "queue_depth": 0.25,
 }  # fmt: skip
 DEFAULT_MIN_REL_CHANGE = 0.05

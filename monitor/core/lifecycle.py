@@ -20,12 +20,15 @@ from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import ChangePoint, Incident
 from monitor.indicators import (
-    BAD_DIRECTION,
+    COMPLEMENT,
     DEVICE_METRICS,
     LAYER_METRICS,
     LOAD_FOLLOWING,
     LOAD_METRICS,
+    MIN_REL_CHANGE,
     QUEUEING,
+    judged,
+    judged_sign,
 )
 from monitor.wire import (
     STAGES,
@@ -275,17 +278,19 @@ class AlertLifecycle:
     def _recovered_at(self, inc: Incident, views: list[NormView]) -> float | None:
         """The window at which a paged incident counts as fixed, if this batch has it."""
         st = self.state(inc)
-        before = median(p.norm_before for p in inc.headline_points())
-        sign = BAD_DIRECTION.get(inc.primary_metric, -1)
+        metric = inc.primary_metric
+        before = judged(metric, median(p.norm_before for p in inc.headline_points()))
+        sign = judged_sign(metric)
         # Recovery needs a step back on most devices, not a slow drift of the
         # expectation: a frozen load model extrapolating a new load range is no fix.
         stepped = len(st.recovered) * 2 >= len({p.device for p in inc.primary_points()})
-        for t, level, batch in _window_levels(inc, views):
+        for t, raw, batch in _window_levels(inc, views):
             # A batch can reach back before the detection: judge only later windows.
             if t <= max(st.observed_ts, inc.detected_ts):
                 continue
+            level = judged(metric, raw)
             st.observed_ts = t
-            if (level - before) * sign > self.s.resolve_tolerance * abs(before):
+            if (level - before) * sign > tolerance(metric, self.s) * abs(before):
                 if math.isfinite(batch):
                     st.bad_loads = [*st.bad_loads[-63:], batch]
                 st.healthy_windows = 0
@@ -335,7 +340,9 @@ class AlertLifecycle:
             id=inc.alert_id or "",
             status="resolved" if status == "resolved" else "firing",
             ts=now_ts,
-            onset_ts=inc.onset_ts,
+            # The median onset can lie after the first detection once later devices join;
+            # a change is never found before it began.
+            onset_ts=min(inc.onset_ts, inc.detected_ts),
             detected_ts=inc.detected_ts,
             severity=sev,
             scope=AlertScope(
@@ -360,10 +367,23 @@ class AlertLifecycle:
         )
 
 
+def tolerance(metric: str, s: AlertSettings) -> float:
+    """How far from its level before a metric may be and count as recovered (relative).
+
+    An error rate (quality) is noisy in relative terms: within its materiality floor it
+    is no regression, so it is back.
+    """
+    if metric in COMPLEMENT:
+        return max(s.resolve_tolerance, MIN_REL_CHANGE.get(metric, 0.0))
+    return s.resolve_tolerance
+
+
 def guardrail(what: str, metric: str, before: float, s: AlertSettings) -> str:
     """The bound that says a rollback worked: the metric back within tolerance of before."""
-    sign = BAD_DIRECTION.get(metric, -1)
-    bound = before * (1 - s.resolve_tolerance * (1 if sign < 0 else -1))
+    sign = judged_sign(metric)
+    bound = judged(metric, judged(metric, before) * (1 + tolerance(metric, s) * sign))
+    if metric in COMPLEMENT:
+        sign = -sign  # the bound is quoted on the metric's own scale
     return (
         f"{what} back to {'>=' if sign < 0 else '<='} {bound:.3g} within "
         f"{s.resolve_windows} windows, else undo and escalate"
@@ -382,12 +402,14 @@ def severity(
     """page, ticket or info from the share of the healthy level lost times the pool share.
 
     Lost is the relative drop for down-is-bad metrics (MFU) and 1 - before/after for
-    up-is-bad ones (latency x2 loses half of the service rate), in [0, 1], so a queue
+    up-is-bad ones (latency x2 loses half of the service rate; quality on its error
+    rate: ten times the errors loses 90 %), in [0, 1], so a queue
     growing 500x on one device cannot outrank a pool-wide 15% MFU drop. Overload is
     capacity for offered load, not a regression: at most a ticket for the owners.
     """
-    sign = BAD_DIRECTION.get(metric, -1)
+    sign = judged_sign(metric)
     lost = abs(delta_pct) / 100.0
+    before, after = judged(metric, before), judged(metric, after)
     if sign > 0 and after > 0:
         lost = max(0.0, 1.0 - before / after)
     loss = lost * share

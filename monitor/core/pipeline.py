@@ -35,9 +35,15 @@ from monitor.core.state import (
 )
 from monitor.core.stream_table import STREAM_KINDS, Frame, StreamKind, StreamTable
 from monitor.core.types import DeadLetter, NormView, Output, RawMessage
-from monitor.detect import Detections
+from monitor.detect import Detections, Detector
 from monitor.errors import DecodeError
-from monitor.indicators import DEVICE_METRICS, LAYER_METRICS, STAGE_OF, material_floors
+from monitor.indicators import (
+    COMPLEMENT,
+    DEVICE_METRICS,
+    LAYER_METRICS,
+    STAGE_OF,
+    material_floors,
+)
 from monitor.wire import Alert, Codec, WindowRecord
 
 
@@ -437,7 +443,7 @@ class Pipeline:
             # Families for warm starts: (pool, model, layer) for device streams; a pool
             # aggregate is its family's only stream.
             fam = None if kind.aggregate else groups[wave]
-            det = detector.update(rows[wave], ts[wave], vals, fam)
+            det = _update(detector, rows[wave], ts[wave], vals, fam, _COMPLEMENT_COLS[kind.columns])
             if not len(det):
                 continue
             levels = det if scale is None else _rescale(det, rows[wave], scale)
@@ -459,7 +465,9 @@ class Pipeline:
         floor_abs, floor_rel = self._floors[names]
         floor, rel = floor_abs[det.cols], floor_rel[det.cols]
         shift = np.abs(det.after - det.before)
-        material = (shift >= floor) & (shift >= rel * np.abs(det.before))
+        complement = np.array([names[c] in COMPLEMENT for c in det.cols.tolist()], dtype=bool)
+        base = np.where(complement, 1.0 - det.before, det.before)  # the error rate, for quality
+        material = (shift >= floor) & (shift >= rel * np.abs(base))
         for col, mat in zip(det.cols.tolist(), material.tolist(), strict=True):
             self.stats.points[kind.name, names[col], mat] += 1
         out: list[ChangePoint] = []
@@ -497,6 +505,31 @@ class Pipeline:
 
 
 _DEVICE_KINDS = tuple(k for k in STREAM_KINDS if not k.aggregate)
+# Per column set: the columns judged on their complement (`indicators.COMPLEMENT`).
+_COMPLEMENT_COLS = {
+    k.columns: np.array([i for i, m in enumerate(k.columns) if m in COMPLEMENT], dtype=np.int64)
+    for k in STREAM_KINDS
+}
+
+
+def _update(
+    detector: Detector, rows: I64, ts: F64, vals: F64, fam: I64 | None, comp: I64
+) -> Detections:
+    """One wave through a detector, complement columns (`indicators.COMPLEMENT`) as their
+    error rate: the detector's scale and effect floors are relative to the level, and 1 %
+    of 0.999 would hide a tenfold error rate. Levels come back on the metric's scale."""
+    if not comp.size:
+        return detector.update(rows, ts, vals, fam)
+    vals = vals.copy()
+    vals[:, comp] = 1.0 - vals[:, comp]
+    det = detector.update(rows, ts, vals, fam)
+    flip = np.isin(det.cols, comp)
+    if not flip.any():
+        return det
+    before = np.where(flip, 1.0 - det.before, det.before)
+    after = np.where(flip, 1.0 - det.after, det.after)
+    return Detections(det.rows, det.cols, det.detected_ts, det.onset_ts, before, after,
+                      det.score)  # fmt: skip
 
 
 def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:

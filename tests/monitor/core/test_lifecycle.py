@@ -160,3 +160,17 @@ def test_an_incident_keeps_the_metric_it_first_paged_with() -> None:
     assert {p.metric for p in inc.points} == {"device_mfu", "mfu"}
     later = life.render(inc, T0 + 7 * W, 4, "firing")
     assert (later.metric, later.id) == ("device_mfu", first.id)
+
+
+def test_onset_never_after_detection_when_later_devices_join() -> None:
+    """The incident's onset is the median over its devices; when later devices whose shift
+    began after the first detection outnumber the first ones, the alert still never says
+    the change was found before it began (onset <= detected)."""
+    corr = Correlator()
+    first = [_mfu_drop(f"node-000/gpu{i}", onset=T0) for i in range(2)]
+    late = [_mfu_drop(f"node-001/gpu{i}", onset=T0 + 8 * W) for i in range(5)]
+    corr.add([*first, *late], T0 + 12 * W, {(POOL, OLD): 8})
+    (inc,) = corr.incidents
+    assert inc.onset_ts > inc.detected_ts  # the median onset is a late device's
+    alert = AlertLifecycle(AlertSettings(), Advisor()).render(inc, T0 + 12 * W, 8, "firing")
+    assert alert.onset_ts <= alert.detected_ts

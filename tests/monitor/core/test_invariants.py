@@ -1,0 +1,63 @@
+"""Invariants of what the pipeline pages, as properties over scenarios, seeds and batching."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.diagnose import score
+from monitor.config import Settings
+from monitor.core.pipeline import Pipeline
+from monitor.core.types import RawMessage
+from monitor.sources.simulated import SimulatorSource
+from monitor.wire import Alert
+from sim.run import simulate
+from sim.scenarios import SCENARIOS
+
+PACK = sorted(n for n in SCENARIOS if n != "fleet_day")
+
+
+def _messages(name: str, seed: int, devices: int) -> tuple[list[RawMessage], dict[str, Any]]:
+    sim = simulate(name, devices=devices, duration_s=SCENARIOS[name].default_duration_s,
+                   seed=seed)  # fmt: skip
+    source = SimulatorSource(sim, Settings().kafka.topics, partitions=4)
+
+    async def collect() -> list[RawMessage]:
+        return [m async for batch in source.batches() for m in batch]
+
+    return asyncio.run(collect()), sim.labels
+
+
+def _run(msgs: list[RawMessage], chunk: int) -> list[Alert]:
+    p = Pipeline(Settings())
+    out: list[Alert] = []
+    for i in range(0, len(msgs), chunk):
+        out.extend(p.process(msgs[i : i + chunk]).alerts)
+    return out
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(PACK),
+    seed=st.integers(0, 10**6),
+    devices=st.integers(24, 48),
+    chunk=st.integers(200, 6000),
+)
+def test_alert_invariants(name: str, seed: int, devices: int, chunk: int) -> None:
+    """onset <= detected <= ts; no onset before the first window; an id keeps its metric
+    and onset; one labelled incident never pages under two ids."""
+    msgs, labels = _messages(name, seed, devices)
+    alerts = _run(msgs, chunk)
+    first_window_start = float(labels["start_ts"])  # the first window's start
+    by_id: dict[str, list[Alert]] = {}
+    for a in alerts:
+        assert a.onset_ts <= a.detected_ts <= a.ts, a
+        assert a.onset_ts >= first_window_start, a
+        by_id.setdefault(a.id, []).append(a)
+    for seq in by_id.values():
+        assert len({a.metric for a in seq}) == 1, seq
+    res = score(labels, alerts, 6.0)
+    assert res.duplicate_alerts == 0, (name, seed, devices, chunk)
