@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument("--details", action="store_true",
                      help="one JSON object per change point: onset, detected (sample index), "
                           "before, after, score")  # fmt: skip
+    det.add_argument("--finite", action="store_true",
+                     help="the series ends: read stdin to its end, then one online pass "
+                          "with burn-in and threshold sized to its length (for histories "
+                          "of 50-5,000 points; not the daemon's engine)")  # fmt: skip
 
     ing = sub.add_parser("ingest", help="real telemetry (profiler traces, DCGM) -> window records")
     from monitor.ingest.commands import add_arguments as add_ingest  # noqa: PLC0415
@@ -168,6 +172,21 @@ def _detect_settings(
         raise UsageError(first_error(exc, "detector")) from None
 
 
+def _detect(args: argparse.Namespace, settings: Settings) -> int:
+    """`flopwatch detect`: stdin through the configured engine, or through finite mode."""
+    from monitor.detect.univariate import main_stdin  # noqa: PLC0415
+
+    if args.finite and (args.kind is not None or args.param):
+        # Finite mode sizes itself to the series; engine settings would be ignored.
+        raise UsageError("--finite takes no --kind or --param")
+    d = _detect_settings(settings, args.kind, dict(args.param))
+    code: int = main_stdin(
+        sys.stdin, sys.stdout, kind=d.kind, params=d.engine_params(), details=args.details,
+        finite=args.finite,
+    )  # fmt: skip
+    return code
+
+
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     cmd = args.command
     if cmd == "schema":
@@ -179,13 +198,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(masked_dump(settings), indent=2, sort_keys=True))
         return 0
     if cmd == "detect":
-        from monitor.detect.univariate import main_stdin  # noqa: PLC0415
-
-        d = _detect_settings(settings, args.kind, dict(args.param))
-        code: int = main_stdin(
-            sys.stdin, sys.stdout, kind=d.kind, params=d.engine_params(), details=args.details
-        )
-        return code
+        return _detect(args, settings)
     if cmd == "ingest":
         from monitor.ingest.commands import run as run_ingest  # noqa: PLC0415
 

@@ -3,6 +3,10 @@
 Sample ``i`` is treated as the window ``[i, i+1)``, so its event time is
 ``i + 1`` and an onset (the end of the last window before a shift) is the
 index of the first sample after it. An empty line is a missing window.
+
+With `finite` the input is read to its end first and judged by
+`monitor.detect.finite` instead: still one online pass, with burn-in and threshold
+sized to the series' length.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 
 from monitor.detect.base import Detector
 from monitor.detect.factory import DEFAULT_KIND, make_detector
+from monitor.detect.finite import FiniteSeries
 from monitor.errors import ParseError
 
 _ROW = np.zeros(1, dtype=np.int64)
@@ -87,12 +92,23 @@ class SeriesDetector:
         ]  # fmt: skip
 
 
+def finite_found(values: Sequence[float | None]) -> list[Found]:
+    """The change points of a whole series in finite mode, in order of detection."""
+    fs = FiniteSeries(len(values))
+    return [Found(*hit) for v in values for hit in fs.push(v)]
+
+
 def detect_series(
     values: Sequence[float | None],
     kind: str = DEFAULT_KIND,
     params: Mapping[str, float | int] | None = None,
+    *,
+    finite: bool = False,
 ) -> list[int]:
-    """0-based indices of the estimated change points (first sample of each new level)."""
+    """0-based indices of the estimated change points (first sample of each new level);
+    `finite` sizes burn-in and threshold to the series (`kind` and `params` unused)."""
+    if finite:
+        return [f.onset for f in finite_found(values)]
     sd = SeriesDetector(kind, params)
     out: list[int] = []
     for v in values:
@@ -107,10 +123,13 @@ def main_stdin(
     params: Mapping[str, float | int] | None = None,
     stderr: TextIO | None = None,
     details: bool = False,
+    finite: bool = False,
 ) -> int:
     """Stream stdin to change-point indices on stdout (or JSON lines with `details`); 2 (one
-    error line) on a bad line."""
+    error line) on a bad line. `finite` reads stdin to its end first."""
     err = sys.stderr if stderr is None else stderr
+    if finite:
+        return _finite_stdin(stdin, stdout, err, details)
     sd = SeriesDetector(kind, params)
     for lineno, line in enumerate(stdin, start=1):
         try:
@@ -123,5 +142,20 @@ def main_stdin(
             lines = (f.json() if details else str(f.onset) for f in found)
             stdout.write("".join(f"{line}\n" for line in lines))
             stdout.flush()  # a pipe consumer sees change points as they happen
+    stdout.flush()
+    return 0
+
+
+def _finite_stdin(stdin: Iterable[str], stdout: TextIO, err: TextIO, details: bool) -> int:
+    """Finite mode: the whole input parsed first (a bad line prints nothing else)."""
+    values: list[float | None] = []
+    for lineno, line in enumerate(stdin, start=1):
+        try:
+            values.append(parse_line(lineno, line))
+        except ParseError as exc:
+            err.write(f"flopwatch detect: error: {exc}\n")
+            return 2
+    found = finite_found(values)
+    stdout.write("".join(f"{f.json() if details else f.onset}\n" for f in found))
     stdout.flush()
     return 0

@@ -38,3 +38,25 @@ def test_cover() -> None:
     assert cover([[50]], [50], 100) == pytest.approx(1.0)
     assert cover([[50]], [], 100) == pytest.approx(0.5)
     assert cover([[50], []], [], 100) == pytest.approx(0.75)
+
+
+def test_binseg_finds_two_steps_and_nothing_in_noise() -> None:
+    """The bench's binseg: two clear steps found exactly; pure noise gives none."""
+    import numpy as np  # noqa: PLC0415
+
+    from bench.tcpd import binseg  # noqa: PLC0415
+
+    x = np.random.default_rng(0).standard_normal(200)
+    assert binseg(list(x)) == []
+    x[60:] += 5.0
+    x[140:] -= 8.0
+    assert binseg(list(x)) == [60, 140]
+
+
+def test_halves_split_alphabetically() -> None:
+    """Half A takes even positions in alphabetical order, B odd ones; the pool all."""
+    from bench.tcpd import halves  # noqa: PLC0415
+
+    assert halves(["d", "a", "c", "b", "e"]) == {
+        "A": ["a", "c", "e"], "B": ["b", "d"], "pool": ["a", "b", "c", "d", "e"],
+    }  # fmt: skip

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from factories import fleet
 
@@ -41,6 +42,9 @@ def _flopwatch(*args: str, stdin: str | None = None, env: dict[str, str] | None 
         (["detect", "--param", "clip=-1"], "h, clip and step_cap must be > 0"),
         (["detect", "--kind", "adwin", "--param", "clip=2"], "unknown detector.params ['clip']"),
         (["detect", "--kind", "magic"], "kind: Input should be"),
+        # Finite mode sizes itself to the series: engine settings are misuse, not ignored.
+        (["detect", "--finite", "--param", "h=5"], "--finite takes no --kind or --param"),
+        (["detect", "--finite", "--kind", "cusum"], "--finite takes no --kind or --param"),
     ],
 )
 def test_misuse_is_one_line_exit_2(args: list[str], needle: str, capsys) -> None:
@@ -212,6 +216,29 @@ def test_detect_uses_the_configured_engine(
         assert any(abs(int(i) - 100) <= 10 for i in out.split())
     else:
         assert out == expect
+
+
+def test_detect_finite_prints_onsets_after_the_input_ends(monkeypatch, capsys) -> None:
+    """`--finite` on a 60-line history with a step at 30: the onset, nothing on stderr."""
+    import io  # noqa: PLC0415
+
+    x = 10.0 + np.random.default_rng(3).standard_normal(60)
+    x[30:] += 4.0
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(f"{v}\n" for v in x)))
+    assert main(["detect", "--finite"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert [abs(int(i) - 30) <= 2 for i in out.split()] == [True]
+
+
+def test_detect_finite_bad_line_is_one_line_exit_2() -> None:
+    """A bad line in finite mode: one error line, exit 2, and no indices (none are judged
+    before the input has ended)."""
+    steps = "".join(f"{10 + 5 * (i >= 30)}\n" for i in range(60))
+    res = _flopwatch("detect", "--finite", stdin=steps + "1,5\n")
+    assert res.returncode == 2
+    assert res.stdout == ""
+    assert res.stderr == "flopwatch detect: error: line 61: expected a number, got '1,5'\n"
 
 
 def test_unreachable_kafka_is_one_line_exit_2(monkeypatch, capsys) -> None:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.detect.univariate import detect_series, main_stdin
+from monitor.detect import finite
+from monitor.detect.univariate import detect_series, finite_found, main_stdin
 
 
 def two_steps(seed: int = 0) -> list[float | None]:
@@ -43,6 +44,8 @@ def test_constant_input_has_no_change_points(level: float, n: int) -> None:
     """A constant (or empty, or all-missing) series has no change points."""
     assert detect_series([level] * n) == []
     assert detect_series([None] * n) == []
+    assert detect_series([level] * n, finite=True) == []
+    assert detect_series([None] * n, finite=True) == []
 
 
 def test_stdin_streams_indices_and_treats_empty_lines_as_missing() -> None:
@@ -107,3 +110,84 @@ def test_details_give_detection_index_levels_and_score() -> None:
         assert abs(f["before"] - before) < 0.3
         assert abs(f["after"] - after) < 1.0
         assert f["score"] >= 1.0
+
+
+def short_step(seed: int) -> list[float | None]:
+    """60 points at level 10, +3 sigma from sample 35: a CI benchmark history."""
+    x = 10.0 + np.random.default_rng(seed).standard_normal(60)
+    x[35:] += 3.0
+    return [float(v) for v in x]
+
+
+def test_finite_finds_a_step_in_60_points() -> None:
+    """Every seed finds the step within 3 samples; at most 2 of 20 add a false alarm."""
+    found = [detect_series(short_step(seed), finite=True) for seed in range(20)]
+    assert all(any(abs(i - 35) <= 3 for i in f) for f in found), found
+    assert sum(len(f) > 1 for f in found) <= 2, found
+
+
+def ar1_heavy_tailed(seed: int, n: int = 200, phi: float = 0.5) -> list[float | None]:
+    """AR(1) noise with t(3) innovations around 50, no change."""
+    e = np.random.default_rng(seed).standard_t(3, n)
+    x = np.empty(n)
+    x[0] = e[0]
+    for i in range(1, n):
+        x[i] = phi * x[i - 1] + e[i]
+    return [float(v) for v in 50.0 + x]
+
+
+def test_finite_is_quiet_on_autocorrelated_heavy_tailed_noise() -> None:
+    """No change: at most 1 in 10 of 60 seeds reports any (measured: 7 of 100)."""
+    alarmed = sum(bool(detect_series(ar1_heavy_tailed(seed), finite=True)) for seed in range(60))
+    assert alarmed <= 6
+
+
+def test_finite_sizes_burn_in_and_threshold_to_the_length() -> None:
+    """Burn-in: a tenth of the series, at least 8; threshold: one false alarm per series."""
+    assert [finite.burn_in(n) for n in (15, 80, 81, 500)] == [8, 8, 9, 50]
+    from statistics import NormalDist  # noqa: PLC0415
+
+    for n in (50, 500):
+        assert 2 * (1 - NormalDist().cdf(finite.threshold(n))) * n * n / 2 == pytest.approx(1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False)), min_size=0, max_size=150
+    ),
+    shift_at=st.integers(0, 150),
+    shift=st.floats(-1e3, 1e3),
+)
+def test_finite_found_are_causal_and_inside(
+    values: list[float | None], shift_at: int, shift: float
+) -> None:
+    """Onset <= detected, both inside the series, onsets and detections increasing."""
+    values = [v if v is None or i < shift_at else v + shift for i, v in enumerate(values)]
+    found = finite_found(values)
+    for f in found:
+        assert 0 <= f.onset <= f.detected < len(values)
+        assert values[f.onset] is not None
+        assert f.score > 1.0
+    assert [f.onset for f in found] == sorted({f.onset for f in found})
+    assert [f.detected for f in found] == sorted({f.detected for f in found})
+
+
+def test_finite_is_online() -> None:
+    """A detection at sample t does not depend on samples after t (only on the length)."""
+    values = short_step(0)
+    full = finite_found(values)
+    assert full
+    for f in full:
+        cut = values[: f.detected + 1] + [None] * (len(values) - f.detected - 1)
+        assert finite_found(cut)[-1] == f
+
+
+def test_finite_stdin_prints_once_the_input_ends() -> None:
+    """main_stdin(finite=True): the onsets (or details) of the whole input, exit 0."""
+    lines = "".join(f"{v}\n" for v in short_step(1))
+    out = io.StringIO()
+    assert main_stdin(io.StringIO(lines), out, finite=True, details=True) == 0
+    found = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [f["onset"] for f in found] == detect_series(short_step(1), finite=True)
+    assert all(f["onset"] <= f["detected"] for f in found)
