@@ -196,7 +196,7 @@ class StreamTable:
     catalog: Catalog
     ttl_s: float = 3600.0
     # Caps on what the table tracks (None: no cap); at a cap the least recently seen are
-    # evicted for new ones (`_make_room`).
+    # evicted for new ones (`_Room`).
     max_devices: int | None = None
     max_streams: int | None = None  # layer streams
     max_groups: int | None = None
