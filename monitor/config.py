@@ -221,7 +221,7 @@ class CheckpointSettings(_Frozen):
 
 
 class LimitSettings(_Frozen):
-    """Bounds on input: what one record, or one clock, may cost or claim."""
+    """Bounds on input and state: what one record, one clock or one partition may cost."""
 
     max_record_bytes: int = Field(
         default=1 << 20, ge=1024, description="larger records are dead-lettered unread"
@@ -232,6 +232,25 @@ class LimitSettings(_Frozen):
     )
     max_dead_letter_bytes: int = Field(
         default=64 * 1024, ge=256, description="dead letters carry at most this much of a record"
+    )
+    # Per input partition: a partition's state, and so what it detects, then depends on
+    # its own records alone, and its detector arrays (which never shrink) stay bounded.
+    max_devices: int = Field(
+        default=50_000,
+        ge=1,
+        description="devices tracked per input partition; at the cap the least recently seen "
+        "is evicted for a new one",
+    )
+    max_streams: int = Field(
+        default=300_000,
+        ge=1,
+        description="layer streams (device x layer type) per input partition; least recently "
+        "seen evicted",
+    )
+    max_groups: int = Field(
+        default=10_000,
+        ge=1,
+        description="(pool, model, layer) groups per input partition; least recently seen evicted",
     )
 
 

@@ -108,6 +108,13 @@ class LoadAdjuster:
         ids = self._ids(groups).reshape(-1)
         (self._model.freeze if hold else self._model.thaw)(ids)
 
+    def forget(self, groups: I64) -> None:
+        """Reset released groups' models (every column's), so that their ids can be reused."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if self._cols.size and groups.size:
+            ids: I64 = groups[:, None] * self._cols.size + np.arange(self._cols.size)
+            self._model.reset(ids.reshape(-1))
+
     def snapshot(self) -> dict[int, bytes]:
         """Each column's models as a `LoadModel` of its own (the checkpoint format)."""
         c = self._cols.size

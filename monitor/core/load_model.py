@@ -179,6 +179,14 @@ class LoadModel:
         out: F64 = a + reg[:, :, None] * np.eye(self.p)
         return out
 
+    def reset(self, groups: I64) -> None:
+        """Reset these groups to fresh models, so that their ids can be reused."""
+        groups = np.asarray(groups, dtype=np.int64)
+        groups = groups[(groups >= 0) & (groups < self._cap)]
+        self._a[groups], self._b[groups], self._theta[groups] = 0.0, 0.0, 0.0
+        self._seen[groups], self._frozen[groups] = 0, False
+        self._rabs[groups], self._level[groups] = 0.0, np.nan
+
     # -- learning ---------------------------------------------------------------------
     def freeze(self, groups: I64) -> None:
         """Stop learning for these groups (e.g. while their incident pages)."""

@@ -33,7 +33,7 @@ from monitor.core.state import (
     restore_partition,
     snapshot_partition,
 )
-from monitor.core.stream_table import STREAM_KINDS, Frame, StreamKind, StreamTable
+from monitor.core.stream_table import STREAM_KINDS, Frame, Released, StreamKind, StreamTable
 from monitor.core.types import DeadLetter, NormView, Output, RawMessage
 from monitor.detect import Detections, Detector
 from monitor.errors import DecodeError
@@ -57,6 +57,7 @@ class PipelineStats:
     records_rejected: int = 0  # failed to decode
     records_future: int = 0  # dated beyond the wall clock (`limits.max_future_s`)
     internal_errors: int = 0  # bugs caught at a record or a batch (`Pipeline.errors`)
+    records_capacity: int = 0  # new streams beyond a partition's caps, none left to evict
     changes_in: int = 0
     alerts_out: int = 0
     load_extrapolated: int = 0  # samples withheld: load outside the load model's data
@@ -66,6 +67,10 @@ class PipelineStats:
     alarms: Counter[tuple[str, str]] = field(default_factory=Counter)
     warm_starts: Counter[tuple[str, str]] = field(default_factory=Counter)
     points: Counter[tuple[str, str, bool]] = field(default_factory=Counter)
+    # Devices, layer streams and groups let go of, by kind: evicted at a cap (`limits`),
+    # expired after `detector.stream_ttl_s` of silence.
+    streams_evicted: Counter[str] = field(default_factory=Counter)
+    streams_expired: Counter[str] = field(default_factory=Counter)
 
     def totals(self) -> dict[str, int]:
         """The plain counts, for a summary log line."""
@@ -171,22 +176,28 @@ class Pipeline:
         points.extend(found)
         views.append(view)
         out.dead.extend(dead)
-        self.stats.records_late += counts[0]
-        self.stats.records_duplicate += counts[1]
-        self.stats.records_in += len(items) - counts[0] - counts[1]
+        late, duplicate, capacity = counts
+        self.stats.records_late += late
+        self.stats.records_duplicate += duplicate
+        self.stats.records_capacity += capacity
+        self.stats.records_in += len(items) - late - duplicate - capacity
 
     def _ingest_once(
         self, part: int, st: PartitionState, items: list[tuple[RawMessage, WindowRecord]]
-    ) -> tuple[list[ChangePoint], NormView, list[DeadLetter], tuple[int, int]]:
-        """Build, detect and expire; what it found, to be kept only if it all went well."""
+    ) -> tuple[list[ChangePoint], NormView, list[DeadLetter], tuple[int, int, int]]:
+        """Build, detect and expire; what it found, to be kept only if it all went well.
+        Counts: (late, duplicate, over capacity) records."""
         frame, rejected = st.table.build([rec for _, rec in items])
+        self._release(st, st.table.take_evicted(), self.stats.streams_evicted)
         view = NormView(part, frame, {k.name: k.view(frame)[2].copy() for k in _DEVICE_KINDS})
-        dead = [DeadLetter(items[r.index][0], r.reason) for r in rejected if r.kind == "late"]
+        dead = [DeadLetter(items[r.index][0], r.reason) for r in rejected if r.kind != "duplicate"]
+        late = sum(r.kind == "late" for r in rejected)
+        duplicate = sum(r.kind == "duplicate" for r in rejected)
         self.unknown_hw.extend(st.table.newly_unknown)
         st.table.newly_unknown.clear()
         found = self._detect(st, view)
         self._expire(part, st, frame)
-        return found, view, dead, (len(dead), len(rejected) - len(dead))
+        return found, view, dead, (late, duplicate, len(rejected) - late - duplicate)
 
     def _decode(
         self, batch: list[RawMessage], out: Output, wall_ts: float | None
@@ -237,10 +248,23 @@ class Pipeline:
         part_ts = max(self.partition_ts.get(part, 0.0), float(frame.device_ts.max()))
         self.partition_ts[part] = part_ts
         if part_ts - st.expired_at > st.table.ttl_s / 4:
-            dev_rows, layer_rows = st.table.expire(part_ts)
-            st.detectors["device"].forget(dev_rows)
-            st.detectors["layer"].forget(layer_rows)
+            self._release(st, st.table.expire(part_ts), self.stats.streams_expired)
             st.expired_at = part_ts
+
+    @staticmethod
+    def _release(st: PartitionState, released: Released, counts: Counter[str]) -> None:
+        """Reset the detector and load-model state of rows the table let go of (before
+        they are reused), and count them by kind."""
+        if not released:
+            return
+        for kind in STREAM_KINDS:
+            st.detectors[kind.name].forget(released.rows_of(kind))
+        for adjuster in st.adjusters.values():
+            if adjuster is not None:  # every kind's load models are per group
+                adjuster.forget(released.groups)
+        counts["device"] += released.device_rows.size
+        counts["layer"] += released.layer_rows.size
+        counts["group"] += released.groups.size
 
     def _correlate(self, points: list[ChangePoint], views: list[NormView], out: Output) -> None:
         """Change points into incidents, and the alerts that are due."""
@@ -476,7 +500,7 @@ class Pipeline:
             row = int(det.rows[i])
             metric = names[int(det.cols[i])]
             if kind.aggregate:
-                pool, model, group_layer = table.group_keys[row]
+                pool, model, group_layer = table.group_key(row)
                 device, host, layer, win = (
                     AGGREGATE + (pool or ""),
                     None,

@@ -44,10 +44,20 @@ def new_partition(settings: Settings, catalog: Catalog) -> PartitionState:
     """Fresh state for a partition: the configured detector and adjuster per stream kind."""
     d = settings.detector
     return PartitionState(
-        StreamTable(catalog, ttl_s=d.stream_ttl_s),
+        _table(settings, catalog),
         {k.name: make_detector(d.kind, len(k.columns), d.engine_params()) for k in STREAM_KINDS},
         _adjusters(settings),
     )
+
+
+def _table(settings: Settings, catalog: Catalog, blob: bytes | None = None) -> StreamTable:
+    """A fresh stream table, or one restored from a checkpoint, under the configured TTL and
+    caps."""
+    lim, ttl_s = settings.limits, settings.detector.stream_ttl_s
+    if blob is None:
+        return StreamTable(catalog, ttl_s, lim.max_devices, lim.max_streams, lim.max_groups)
+    return StreamTable.restore(blob, catalog, ttl_s, lim.max_devices, lim.max_streams,
+                               lim.max_groups)  # fmt: skip
 
 
 def _adjusters(settings: Settings) -> dict[str, LoadAdjuster | None]:
@@ -240,6 +250,6 @@ def restore_partition(
         adjuster = adjusters[kind.name]
         if adjuster is not None and kind.name in snap.adjusters:
             adjuster.restore(snap.adjusters[kind.name])
-    table = StreamTable.restore(snap.table, catalog, ttl_s=d.stream_ttl_s)
+    table = _table(settings, catalog, snap.table)
     st = PartitionState(table, detectors, adjusters, snap.expired_at)
     return st, snap, outcomes

@@ -2,8 +2,11 @@
 
 It turns decoded window records into two dense matrices (layer streams and
 device streams, NaN = not measured), drops exact duplicates and late records
-with a reason, notes kernel-variant changes, and expires silent streams so
-memory stays flat as devices come and go. Row ids are reused after expiry.
+with a reason, notes kernel-variant changes, and expires silent streams and
+groups so memory stays flat as devices and pools come and go. Caps on devices,
+layer streams and groups (per table, i.e. per input partition) bound it outright:
+at a cap the least recently seen ones are evicted to make room. Row ids are
+reused after expiry and eviction.
 """
 
 from __future__ import annotations
@@ -113,7 +116,40 @@ class Rejection:
 
     index: int
     reason: str
-    kind: str  # duplicate | late
+    kind: str  # duplicate | late | capacity
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """Rows a table let go of (expired or evicted); their detector and load-model state
+    must be reset before the rows are used again."""
+
+    device_rows: I64
+    layer_rows: I64
+    groups: I64
+
+    @classmethod
+    def of(cls, device_rows: list[int], layer_rows: list[int], groups: list[int]) -> Released:
+        """From lists of row ids."""
+        return cls(*(np.array(r, dtype=np.int64) for r in (device_rows, layer_rows, groups)))
+
+    def rows_of(self, kind: StreamKind) -> I64:
+        """The released rows of one stream kind's detector."""
+        if kind.aggregate:
+            return self.groups
+        return self.layer_rows if kind.columns == LAYER_METRICS else self.device_rows
+
+    def __bool__(self) -> bool:
+        return bool(self.device_rows.size or self.layer_rows.size or self.groups.size)
+
+
+def _fit(arr: F64, n: int) -> F64:
+    """`arr` with room for `n` entries (doubling; new entries NaN = not in use)."""
+    if n <= arr.size:
+        return arr
+    out = np.full(max(n, 2 * arr.size, 64), np.nan)
+    out[: arr.size] = arr
+    return out
 
 
 @dataclass(slots=True)
@@ -150,12 +186,20 @@ class _Device:
     window_s: float = 10.0
 
 
+GroupKey = tuple[str | None, str | None, str]  # (pool, model, layer); layer "" = device level
+
+
 @dataclass
 class StreamTable:
     """Registry of streams and their metadata; builds Frames from decoded records."""
 
     catalog: Catalog
     ttl_s: float = 3600.0
+    # Caps on what the table tracks (None: no cap); at a cap the least recently seen are
+    # evicted for new ones (`_Room`).
+    max_devices: int | None = None
+    max_streams: int | None = None  # layer streams
+    max_groups: int | None = None
     devices: dict[str, _Device] = field(default_factory=dict)
     device_names: list[str | None] = field(default_factory=list)
     layer_index: dict[tuple[int, str], int] = field(default_factory=dict)
@@ -164,9 +208,20 @@ class StreamTable:
     free_device_rows: list[int] = field(default_factory=list)
     free_layer_rows: list[int] = field(default_factory=list)
     unknown_hw: Counter[str] = field(default_factory=Counter)
-    groups: dict[tuple[str | None, str | None, str], int] = field(default_factory=dict)
-    group_keys: list[tuple[str | None, str | None, str]] = field(default_factory=list)
+    groups: dict[GroupKey, int] = field(default_factory=dict)
+    group_keys: list[GroupKey | None] = field(default_factory=list)
+    free_groups: list[int] = field(default_factory=list)
     newly_unknown: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    # Per row: the newest window time (NaN: row free), what expiry and eviction go by; and
+    # each layer row's device row (NaN: free), to find a device's layer rows without a scan.
+    device_seen: F64 = field(default_factory=lambda: np.empty(0))
+    layer_seen: F64 = field(default_factory=lambda: np.empty(0))
+    group_seen: F64 = field(default_factory=lambda: np.empty(0))
+    layer_device: F64 = field(default_factory=lambda: np.empty(0))
+    # Rows (device, layer, group) evicted since the last `take_evicted`.
+    _evicted_rows: tuple[list[int], list[int], list[int]] = field(
+        default_factory=lambda: ([], [], [])
+    )
 
     # -- registry ----------------------------------------------------------------
     def _device(self, rec: WindowRecord) -> _Device:
@@ -177,6 +232,8 @@ class StreamTable:
                 self.device_names.append(rec.device)
             else:
                 self.device_names[row] = rec.device
+            self.device_seen = _fit(self.device_seen, row + 1)
+            self.device_seen[row] = -np.inf
             dev = _Device(row, rec.host, rec.pool, rec.model, None, None, np.nan)
             self.devices[rec.device] = dev
         if dev.hw != rec.hw or dev.dtype != rec.dtype:
@@ -203,6 +260,9 @@ class StreamTable:
                 self.layer_keys[row] = key
                 self.last_kernel[row] = None
             self.layer_index[key] = row
+            self.layer_seen = _fit(self.layer_seen, row + 1)
+            self.layer_device = _fit(self.layer_device, row + 1)
+            self.layer_seen[row], self.layer_device[row] = -np.inf, dev_row
         return row
 
     def group(self, pool: str | None, model: str | None, layer: str) -> int:
@@ -210,9 +270,22 @@ class StreamTable:
         key = (pool, model, layer)
         gid = self.groups.get(key)
         if gid is None:
-            gid = self.groups[key] = len(self.group_keys)
-            self.group_keys.append(key)
+            gid = self.free_groups.pop() if self.free_groups else len(self.group_keys)
+            if gid == len(self.group_keys):
+                self.group_keys.append(key)
+            else:
+                self.group_keys[gid] = key
+            self.groups[key] = gid
+            self.group_seen = _fit(self.group_seen, gid + 1)
+            self.group_seen[gid] = -np.inf
         return gid
+
+    def group_key(self, gid: int) -> GroupKey:
+        """(pool, model, layer) of a group in use."""
+        key = self.group_keys[gid]
+        if key is None:
+            raise KeyError(gid)
+        return key
 
     def device_of_layer_row(self, row: int) -> tuple[str, str]:
         """(device id, layer type) of a layer stream row."""
@@ -225,19 +298,24 @@ class StreamTable:
 
     # -- batch -> frame ------------------------------------------------------------
     def build(self, records: list[WindowRecord]) -> tuple[Frame, list[Rejection]]:
-        """Register streams, drop duplicates/late records, and derive the metric matrices."""
+        """Register streams, drop duplicates/late records, and derive the metric matrices.
+
+        Rows evicted to make room are reused at once: take them (`take_evicted`) and reset
+        their detector state before the frame is detected on.
+        """
         accepted, rejections = self._accept(records)
         return self._frame(self._collect(accepted)), rejections
 
     def _accept(
         self, records: list[WindowRecord]
     ) -> tuple[list[tuple[WindowRecord, _Device]], list[Rejection]]:
-        """Records in event-time order, less duplicates and windows not newer than their
-        stream's last; the devices' last window times advance."""
+        """Records in event-time order, less duplicates, windows not newer than their
+        stream's last and what does not fit under the caps; the devices' last window times
+        advance."""
         rejections: list[Rejection] = []
         order = sorted(range(len(records)), key=lambda i: records[i].ts)
         seen: dict[tuple[str, float], int] = {}
-        accepted: list[tuple[WindowRecord, _Device]] = []
+        picked: list[int] = []
         for i in order:
             rec = records[i]
             prev = seen.get((rec.device, rec.ts))
@@ -258,11 +336,77 @@ class StreamTable:
                     f"stream's last window ts={dev.last_ts}", kind))  # fmt: skip
                 continue
             seen[(rec.device, rec.ts)] = i
-            dev = self._device(rec)
-            accepted.append((rec, dev))
+            picked.append(i)
+        if self._over_caps(records, picked):
+            picked = _Room(self, records, picked).make(rejections)
+        accepted = [(records[i], self._device(records[i])) for i in picked]
         for rec, dev in accepted:
             dev.last_ts = max(dev.last_ts, rec.ts)
         return accepted, rejections
+
+    # -- caps ----------------------------------------------------------------------------
+    def _over_caps(self, records: list[WindowRecord], picked: list[int]) -> bool:
+        """Whether this batch might not fit under the caps (a cheap upper bound on what it
+        adds: the exact count costs a pass over every layer)."""
+        n_layers = sum(len(records[i].layers) for i in picked)
+        return (
+            _over(self.max_devices, len(self.devices) + len(picked))
+            or _over(self.max_streams, len(self.layer_index) + n_layers)
+            or _over(self.max_groups, len(self.groups) + n_layers + len(picked))
+        )
+
+    def evict(self, kind: str, rows: list[int]) -> None:
+        """Let go of live devices, layer streams or groups (`kind`) by row, as expiry does,
+        and note them for `take_evicted`."""
+        dev_rows, layer_rows, groups = self._evicted_rows
+        if kind == "device":
+            layer_rows.extend(self._drop_devices(rows))
+            dev_rows.extend(rows)
+        elif kind == "layer":
+            self._drop_layers(rows)
+            layer_rows.extend(rows)
+        else:
+            self._drop_groups(rows)
+            groups.extend(rows)
+
+    def take_evicted(self) -> Released:
+        """Rows evicted since the last call (their state must be reset before reuse)."""
+        out = Released.of(*self._evicted_rows)
+        self._evicted_rows = ([], [], [])
+        return out
+
+    def _drop_devices(self, rows: list[int]) -> list[int]:
+        """Free device rows and their layer rows; returns the layer rows freed."""
+        for row in rows:
+            name = self.device_names[row]
+            assert name is not None  # noqa: S101 - only rows in use are dropped
+            del self.devices[name]
+            self.device_names[row] = None
+            self.unknown_hw.pop(name, None)
+        self.device_seen[rows] = np.nan
+        self.free_device_rows.extend(rows)
+        n = len(self.layer_keys)
+        layer_rows: list[int] = np.flatnonzero(np.isin(self.layer_device[:n], rows)).tolist()
+        self._drop_layers(layer_rows)
+        return layer_rows
+
+    def _drop_layers(self, rows: list[int]) -> None:
+        for row in rows:
+            key = self.layer_keys[row]
+            assert key is not None  # noqa: S101 - only rows in use are dropped
+            del self.layer_index[key]
+            self.layer_keys[row] = None
+            self.last_kernel[row] = None
+        self.layer_seen[rows] = np.nan
+        self.layer_device[rows] = np.nan
+        self.free_layer_rows.extend(rows)
+
+    def _drop_groups(self, gids: list[int]) -> None:
+        for gid in gids:
+            del self.groups[self.group_key(gid)]
+            self.group_keys[gid] = None
+        self.group_seen[gids] = np.nan
+        self.free_groups.extend(gids)
 
     def _collect(self, accepted: list[tuple[WindowRecord, _Device]]) -> _Columns:
         """The batch's raw columns, one Python pass over records and layers."""
@@ -339,15 +483,21 @@ class StreamTable:
         device_group = np.array(c.dgroup, dtype=np.int64)
         device_load = np.array(c.dload, dtype=np.float64).reshape(-1, 2)
         layer_load = device_load[np.array(c.lload_idx, dtype=np.int64)]
+        layer_rows = np.array(c.lrows, dtype=np.int64)
+        device_rows = np.array(c.drows, dtype=np.int64)
+        np.maximum.at(self.layer_seen, layer_rows, layer_ts)
+        np.maximum.at(self.device_seen, device_rows, device_ts)
+        np.maximum.at(self.group_seen, layer_group, layer_ts)
+        np.maximum.at(self.group_seen, device_group, device_ts)
         pl_rows, pl_ts, pl_raw, pl_peak = group_sums(layer_group, layer_ts, raw, peak)
         pd_rows, pd_ts, pd_vals = group_means(device_group, device_ts, dvals)
         _, _, pl_load = group_means(layer_group, layer_ts, layer_load)
         _, _, pd_load = group_means(device_group, device_ts, device_load)
         return Frame(
-            layer_rows=np.array(c.lrows, dtype=np.int64),
+            layer_rows=layer_rows,
             layer_ts=layer_ts,
             layer_values=lvals,
-            device_rows=np.array(c.drows, dtype=np.int64),
+            device_rows=device_rows,
             device_ts=device_ts,
             device_values=dvals,
             kernel_changes=c.kchanges,
@@ -366,26 +516,14 @@ class StreamTable:
         )
 
     # -- expiry ------------------------------------------------------------------------
-    def expire(self, now_ts: float) -> tuple[I64, I64]:
-        """Drop devices silent for longer than ttl; return (device rows, layer rows) freed."""
-        gone = [name for name, d in self.devices.items() if now_ts - d.last_ts > self.ttl_s]
-        dev_rows: list[int] = []
-        layer_rows: list[int] = []
-        for name in gone:
-            dev = self.devices.pop(name)
-            dev_rows.append(dev.row)
-            self.device_names[dev.row] = None
-            self.unknown_hw.pop(name, None)
-        gone_rows = set(dev_rows)
-        for key, row in list(self.layer_index.items()):
-            if key[0] in gone_rows:
-                del self.layer_index[key]
-                self.layer_keys[row] = None
-                self.last_kernel[row] = None
-                layer_rows.append(row)
-        self.free_device_rows.extend(dev_rows)
-        self.free_layer_rows.extend(layer_rows)
-        return np.array(dev_rows, dtype=np.int64), np.array(layer_rows, dtype=np.int64)
+    def expire(self, now_ts: float) -> Released:
+        """Drop devices and groups silent for longer than ttl; return the rows freed."""
+        gone = [d.row for d in self.devices.values() if now_ts - d.last_ts > self.ttl_s]
+        layer_rows = self._drop_devices(gone)
+        with np.errstate(invalid="ignore"):
+            groups = np.flatnonzero(now_ts - self.group_seen > self.ttl_s).tolist()
+        self._drop_groups(groups)
+        return Released.of(gone, layer_rows, groups)
 
     # -- checkpoint ----------------------------------------------------------------------
     def snapshot(self) -> bytes:
@@ -402,15 +540,27 @@ class StreamTable:
                 self.free_layer_rows,
                 list(self.unknown_hw.items()),
                 self.group_keys,
+                self.free_groups,
+                self.layer_seen[: len(self.layer_keys)].tobytes(),
+                self.group_seen[: len(self.group_keys)].tobytes(),
             )
         )
 
     @classmethod
-    def restore(cls, blob: bytes, catalog: Catalog, ttl_s: float | None = None) -> StreamTable:
-        """Rebuild a table from `snapshot` bytes; `ttl_s` replaces the checkpoint's (the
-        configured one wins after a restart)."""
+    def restore(
+        cls,
+        blob: bytes,
+        catalog: Catalog,
+        ttl_s: float | None = None,
+        max_devices: int | None = None,
+        max_streams: int | None = None,
+        max_groups: int | None = None,
+    ) -> StreamTable:
+        """Rebuild a table from `snapshot` bytes under these TTL and caps (the configured
+        ones win after a restart; `ttl_s` None: the checkpoint's). Over a lower cap, the
+        next batch evicts down to it."""
         s = msgspec.msgpack.decode(blob, type=_TableState)
-        return cls(
+        t = cls(
             catalog=catalog,
             ttl_s=s.ttl_s if ttl_s is None else float(ttl_s),
             devices={d[0]: _Device(*d[1:]) for d in s.devices},
@@ -421,9 +571,137 @@ class StreamTable:
             free_device_rows=s.free_device_rows,
             free_layer_rows=s.free_layer_rows,
             unknown_hw=Counter(dict(s.unknown_hw)),
-            groups={(p, m, la): i for i, (p, m, la) in enumerate(s.group_keys)},
-            group_keys=[(p, m, la) for p, m, la in s.group_keys],
+            groups={(k[0], k[1], k[2]): i for i, k in enumerate(s.group_keys) if k is not None},
+            group_keys=[None if k is None else (k[0], k[1], k[2]) for k in s.group_keys],
+            free_groups=s.free_groups,
+            max_devices=max_devices,
+            max_streams=max_streams,
+            max_groups=max_groups,
         )
+        t.device_seen = _fit(t.device_seen, len(t.device_names))
+        for d in t.devices.values():
+            t.device_seen[d.row] = d.last_ts
+        t.layer_device = _fit(t.layer_device, len(t.layer_keys))
+        for (dev_row, _), r in t.layer_index.items():
+            t.layer_device[r] = dev_row
+        t.layer_seen = _fit(t.layer_seen, len(t.layer_keys))
+        t.group_seen = _fit(t.group_seen, len(t.group_keys))
+        if s.layer_seen:
+            t.layer_seen[: len(t.layer_keys)] = np.frombuffer(s.layer_seen, dtype=np.float64)
+        elif t.layer_index:  # written before per-row times were kept: each stream's device's
+            live = np.array(list(t.layer_index.values()), dtype=np.int64)
+            t.layer_seen[live] = t.device_seen[t.layer_device[live].astype(np.int64)]
+        if s.group_seen:
+            t.group_seen[: len(t.group_keys)] = np.frombuffer(s.group_seen, dtype=np.float64)
+        elif t.groups:  # ... and every group lives until its partition's newest window has expired
+            newest = max((d.last_ts for d in t.devices.values()), default=-np.inf)
+            t.group_seen[list(t.groups.values())] = newest
+        return t
+
+
+def _over(cap: int | None, n: int) -> bool:
+    return cap is not None and n > cap
+
+
+class _Room:
+    """Room for one batch under a table's caps.
+
+    Evicts the least recently seen devices, layer streams and groups that the batch does
+    not use, as many as its new ones need; then rejects the records that still do not fit
+    (only when one batch alone brings more new ones than a cap allows).
+    """
+
+    def __init__(self, table: StreamTable, records: list[WindowRecord], picked: list[int]):
+        self.t, self.records, self.picked = table, records, picked
+        # Per picked record: its device if new, and its new layer and group keys.
+        self.new: list[tuple[str | None, list[tuple[str, str]], list[GroupKey]]] = []
+        self.keep: dict[str, set[int]] = {"device": set(), "layer": set(), "group": set()}
+        for i in picked:
+            self._scan(records[i])
+
+    def _scan(self, rec: WindowRecord) -> None:
+        t, keep = self.t, self.keep
+        dev = t.devices.get(rec.device)
+        new_layers: list[tuple[str, str]] = []
+        new_groups: list[GroupKey] = []
+        if dev is not None:
+            keep["device"].add(dev.row)
+        for layer in rec.layers:
+            row = None if dev is None else t.layer_index.get((dev.row, layer.type))
+            if row is None:
+                new_layers.append((rec.device, layer.type))
+            else:
+                keep["layer"].add(row)
+        for gkey in [(rec.pool, rec.model, ""), *((rec.pool, rec.model, la.type)
+                                                   for la in rec.layers)]:  # fmt: skip
+            gid = t.groups.get(gkey)
+            if gid is None:
+                new_groups.append(gkey)
+            else:
+                keep["group"].add(gid)
+        self.new.append((rec.device if dev is None else None, new_layers, new_groups))
+
+    def make(self, rejections: list[Rejection]) -> list[int]:
+        """The records that fit, after evicting what they need room for."""
+        t = self.t
+        new_devices = {d for d, _, _ in self.new if d is not None}
+        new_layers = {k for _, ks, _ in self.new for k in ks}
+        new_groups = {k for _, _, ks in self.new for k in ks}
+        # Devices first: an evicted device's layer streams go with it.
+        self._evict("device", t.max_devices, len(t.devices) + len(new_devices))
+        self._evict("layer", t.max_streams, len(t.layer_index) + len(new_layers))
+        self._evict("group", t.max_groups, len(t.groups) + len(new_groups))
+        if not (_over(t.max_devices, len(t.devices) + len(new_devices))
+                or _over(t.max_streams, len(t.layer_index) + len(new_layers))
+                or _over(t.max_groups, len(t.groups) + len(new_groups))):  # fmt: skip
+            return self.picked
+        return self._admit(rejections)
+
+    def _evict(self, kind: str, cap: int | None, n: int) -> None:
+        """Evict the `n - cap` least recently seen of `kind` outside this batch (all there
+        are, if fewer)."""
+        if cap is None or n <= cap:
+            return
+        seen = {"device": self.t.device_seen, "layer": self.t.layer_seen,
+                "group": self.t.group_seen}[kind]  # fmt: skip
+        live = np.flatnonzero(~np.isnan(seen))
+        keep = self.keep[kind]
+        if keep:
+            live = live[~np.isin(live, np.fromiter(keep, dtype=np.int64, count=len(keep)))]
+        lru = live[np.argsort(seen[live], kind="stable")[: n - cap]]
+        self.t.evict(kind, lru.tolist())
+
+    def _admit(self, rejections: list[Rejection]) -> list[int]:
+        """Records in event order while their new streams fit; the rest are rejected."""
+        t = self.t
+        caps = {"max_devices": t.max_devices, "max_streams": t.max_streams,
+                "max_groups": t.max_groups}  # fmt: skip
+        used = {"max_devices": len(t.devices), "max_streams": len(t.layer_index),
+                "max_groups": len(t.groups)}  # fmt: skip
+        taken: tuple[set[str], set[tuple[str, str]], set[GroupKey]] = (set(), set(), set())
+        out: list[int] = []
+        for i, (device, layers, groups) in zip(self.picked, self.new, strict=True):
+            add_d = {device} - taken[0] if device is not None else set()
+            add_l, add_g = set(layers) - taken[1], set(groups) - taken[2]
+            adds = {"max_devices": len(add_d), "max_streams": len(add_l),
+                    "max_groups": len(add_g)}  # fmt: skip
+            full = [k for k, cap in caps.items() if _over(cap, used[k] + adds[k])]
+            if full:
+                rec = self.records[i]
+                limits = ", ".join(f"limits.{k}={caps[k]}" for k in full)
+                reason = (
+                    f"capacity: no room for device {rec.device}'s new streams under "
+                    f"{limits} (every stream its partition tracks is in this batch)"
+                )
+                rejections.append(Rejection(i, reason, "capacity"))
+                continue
+            for k, n in adds.items():
+                used[k] += n
+            taken[0].update(add_d)
+            taken[1].update(add_l)
+            taken[2].update(add_g)
+            out.append(i)
+        return out
 
 
 _DeviceRow = tuple[
@@ -445,7 +723,11 @@ class _TableState(msgspec.Struct, array_like=True):
     free_device_rows: list[int]
     free_layer_rows: list[int]
     unknown_hw: list[tuple[str, int]]
-    group_keys: list[tuple[str | None, str | None, str]]
+    group_keys: list[tuple[str | None, str | None, str] | None]
+    # Since per-row times and group expiry; empty in older checkpoints.
+    free_groups: list[int] = []
+    layer_seen: bytes = b""  # float64 per layer row
+    group_seen: bytes = b""  # float64 per group
 
 
 _table_encoder = msgspec.msgpack.Encoder()

@@ -134,12 +134,14 @@ class DaemonCollector(Collector):
         records = CounterMetricFamily(
             "flopwatch_records_total",
             "Window records by outcome: accepted, duplicate and late (decoded but dropped), "
-            "invalid (failed validation), future (dated beyond limits.max_future_s).",
+            "invalid (failed validation), future (dated beyond limits.max_future_s), capacity "
+            "(new streams beyond a partition's caps, none left to evict).",
             labels=["outcome"],
         )
         for outcome, n in (("accepted", c.records_in), ("duplicate", c.records_duplicate),
                            ("late", c.records_late), ("invalid", c.records_rejected),
-                           ("future", c.records_future)):  # fmt: skip
+                           ("future", c.records_future),
+                           ("capacity", c.records_capacity)):  # fmt: skip
             records.add_metric([outcome], n)
         yield records
         yield _counter("flopwatch_change_events_total", "Change events read.", c.changes_in)
@@ -215,6 +217,7 @@ class DaemonCollector(Collector):
         streams.add_metric(["layer"], sum(len(t.layer_index) for t in tables))
         streams.add_metric(["group"], sum(len(t.groups) for t in tables))
         yield streams
+        yield from self._stream_limits(p)
 
         memory = GaugeMetricFamily(
             "flopwatch_detector_state_bytes",
@@ -242,6 +245,43 @@ class DaemonCollector(Collector):
         yield lag
         yield _gauge("flopwatch_watermark_seconds", "Event time all active partitions reached.",
                      p.watermark())  # fmt: skip
+
+    @staticmethod
+    def _stream_limits(p: Pipeline) -> Iterator[Metric]:
+        """Streams per partition against their caps, and what the caps and TTL let go of."""
+        lim = p.settings.limits
+        caps = GaugeMetricFamily(
+            "flopwatch_streams_limit",
+            "Cap on streams per input partition, by kind (limits.max_devices, max_streams, "
+            "max_groups); at the cap the least recently seen are evicted.",
+            labels=["kind"],
+        )
+        for kind, cap in (("device", lim.max_devices), ("layer", lim.max_streams),
+                          ("group", lim.max_groups)):  # fmt: skip
+            caps.add_metric([kind], cap)
+        yield caps
+        per_part = GaugeMetricFamily(
+            "flopwatch_partition_streams",
+            "Streams tracked per input partition, by kind (compare with flopwatch_streams_limit).",
+            labels=["partition", "kind"],
+        )
+        for part, st in sorted(p.partitions.items()):
+            t = st.table
+            for kind, n in (("device", len(t.devices)), ("layer", len(t.layer_index)),
+                            ("group", len(t.groups))):  # fmt: skip
+                per_part.add_metric([str(part), kind], n)
+        yield per_part
+        for name, doc, counts in (
+            ("flopwatch_streams_evicted_total", "Streams evicted at a partition's cap, by kind "
+             "(a device's layer streams go with it; a device back later starts afresh).",
+             p.stats.streams_evicted),
+            ("flopwatch_streams_expired_total", "Streams and groups expired after "
+             "detector.stream_ttl_s of silence, by kind.", p.stats.streams_expired),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, doc, labels=["kind"])
+            for kind in ("device", "layer", "group"):
+                family.add_metric([kind], counts[kind])
+            yield family
 
     def _runner(self) -> Iterator[Metric]:
         r = self.runner

@@ -445,7 +445,26 @@ def test_default_values_load_into_settings(
     assert s.sinks.alertmanager.urls == []
     assert s.log_format == "json"
     assert s.http_port == 9108
+    assert (s.limits.max_devices, s.limits.max_streams, s.limits.max_groups) == (
+        10_000, 60_000, 2_000)  # fmt: skip
     assert not any("PASSWORD" in n for n in env)
+
+
+# From `python -m bench.memory` (docs/benchmarks.md#memory): the process, RSS per layer
+# stream held (the top of the measured range), one partition's checkpoint in flight.
+BASELINE_BYTES, STREAM_BYTES, CHECKPOINT_BYTES_PER_STREAM = 190 * 2**20, 6_500, 8_000
+
+
+def test_the_memory_limit_holds_the_stream_caps(rendered: dict[str, list[Manifest]]) -> None:
+    """The default limit covers a replica holding the 4 partitions flopwatch creates, each at
+    the chart's caps, while it checkpoints: caps and memory are raised together."""
+    container = daemon(rendered["default"])
+    env = container_env(container)
+    streams = int(env["FLOPWATCH_LIMITS__MAX_STREAMS"])
+    need = BASELINE_BYTES + 4 * streams * STREAM_BYTES + streams * CHECKPOINT_BYTES_PER_STREAM
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert int(limit.removesuffix("Mi")) * 2**20 >= 1.1 * need
 
 
 def test_all_on_values_load_into_settings(

@@ -10,10 +10,11 @@ from factories import T0, fleet, joining_fleet, msg, window
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.config import DetectorSettings, Settings
+from monitor.config import DetectorSettings, LimitSettings, Settings
 from monitor.core.pipeline import Pipeline
 from monitor.core.types import RawMessage
 from monitor.daemon.prometheus import _state_bytes
+from monitor.detect.bank_state import state_arrays
 
 
 def _run(batches, settings: Settings | None = None):
@@ -287,3 +288,97 @@ def test_a_record_under_another_devices_key_is_dead_lettered() -> None:
     ]
     repartitioned = Pipeline(Settings(kafka={"repartition": True}))
     assert [d.message.offset for d in repartitioned.process([wrong, by_pool]).dead] == [5]
+
+
+def _generations(windows: int, *, every: int, devices: int = 16, seed: int = 4):
+    """Batches on partition 0: a new generation of device names every `every` windows."""
+    rng = np.random.default_rng(seed)
+    for w in range(windows):
+        ts = T0 + 10.0 * (w + 1)
+        yield [
+            msg(window(f"gen{w // every:03d}-{d // 8}/gpu{d % 8}", ts,
+                       mfu=0.45 * (1 + 0.02 * rng.standard_normal())), partition=0)
+            for d in range(devices)
+        ]  # fmt: skip
+
+
+def test_at_the_device_cap_the_least_recently_seen_are_evicted_and_their_rows_reset() -> None:
+    """With the TTL far away, a partition at `limits.max_devices` evicts the devices seen
+    longest ago for new ones: the table and detectors stay within the cap, the evictions
+    are counted, and a reused row starts from fresh detector state."""
+    settings = Settings(limits=LimitSettings(max_devices=24))
+    p = Pipeline(settings)
+    alerts = []
+    for batch in _generations(120, every=12):
+        alerts.extend(p.process(batch).alerts)
+        assert len(p.partitions[0].table.devices) <= 24
+    st = p.partitions[0]
+    assert alerts == []
+    assert p.stats.streams_evicted["device"] == 10 * 16 - 24
+    assert p.stats.streams_evicted["layer"] == 2 * (10 * 16 - 24)
+    assert p.stats.records_capacity == 0
+    # Row ids (what the detectors' arrays grow to) stay under the cap: rows are reused.
+    assert len(st.table.device_names) == 24
+    assert len(st.table.layer_keys) == 2 * 24
+    # The newest generation reported 12 windows, on rows an older generation held: each of
+    # its cells counts its own 12 samples, none of the evicted device's.
+    det = st.detectors["layer"]
+    n = state_arrays(det)["n"].reshape(-1, det.n_metrics)
+    rows = [st.table.layer_index[(st.table.devices[f"gen009-{d // 8}/gpu{d % 8}"].row, "mlp")]
+            for d in range(16)]  # fmt: skip
+    assert n[rows].max() == 12
+
+
+def test_pool_name_churn_keeps_groups_and_their_state_bounded() -> None:
+    """The same devices under a new pool name every 6 windows: the groups of names gone
+    quiet expire with their aggregate detector rows and load models, so group count and
+    state stop growing instead of rising with every name."""
+    settings = Settings(detector=DetectorSettings(stream_ttl_s=60.0))
+    p = Pipeline(settings)
+    rng = np.random.default_rng(5)
+    sizes = []
+    for w in range(240):
+        ts = T0 + 10.0 * (w + 1)
+        p.process([
+            msg(window(f"node-{d // 8}/gpu{d % 8}", ts, pool=f"pool-{w // 6}",
+                       mfu=0.45 * (1 + 0.02 * rng.standard_normal())), partition=0)
+            for d in range(16)
+        ])  # fmt: skip
+        if w % 12 == 11:
+            st = p.partitions[0]
+            load = st.adjusters["layer"]
+            assert load is not None
+            sizes.append((len(st.table.groups), len(st.table.group_keys),
+                          st.detectors["pool_layer"].capacity, _state_bytes(st)))  # fmt: skip
+    assert p.stats.streams_expired["group"] > 30 * 3
+    # The names of the last TTL (plus one expiry period) x 3 groups: not 40 names x 3.
+    assert max(s[0] for s in sizes) <= 4 * 3
+    assert max(s[1] for s in sizes) <= 4 * 3
+    half = len(sizes) // 2
+    assert max(s[2] for s in sizes[half:]) <= max(s[2] for s in sizes[:half])
+    assert max(s[3] for s in sizes[half:]) <= max(s[3] for s in sizes[:half])
+
+
+def test_a_partition_checkpointed_after_evictions_resumes_identically() -> None:
+    """Snapshot after the caps evicted devices and groups, restore into a new pipeline, and
+    feed both the same records: the same alerts and the same detector and table state."""
+    settings = Settings(limits=LimitSettings(max_devices=24, max_groups=9),
+                        detector=DetectorSettings(stream_ttl_s=200.0))  # fmt: skip
+    batches = list(_generations(80, every=10))
+    for b, batch in enumerate(batches):  # pool churn too: a new name every 20 windows
+        batches[b] = [msg(dict(json.loads(m.value), pool=f"p{b // 20}"), partition=0)
+                      for m in batch]  # fmt: skip
+    a = Pipeline(settings)
+    for batch in batches[:50]:
+        a.process(batch)
+    assert a.stats.streams_evicted["device"] > 0
+    assert a.stats.streams_evicted["group"] + a.stats.streams_expired["group"] > 0
+    b = Pipeline(settings)
+    b.restore_partition(0, a.snapshot_partition(0))
+    for batch in batches[50:]:
+        assert a.process(batch).alerts == b.process(batch).alerts
+    sa, sb = a.partitions[0], b.partitions[0]
+    assert sa.table.snapshot() == sb.table.snapshot()
+    for kind, det in sa.detectors.items():
+        assert det.snapshot() == sb.detectors[kind].snapshot(), kind
+    assert a.snapshot_partition(0) == b.snapshot_partition(0)

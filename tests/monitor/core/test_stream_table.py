@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import numpy as np
 from factories import PEAK, T0, window
 
@@ -59,12 +60,141 @@ def test_waves_put_each_row_once_per_wave_in_time_order() -> None:
 
 
 def test_expiry_frees_rows_for_reuse() -> None:
-    """Silent devices expire after the TTL; their rows are reused by new devices."""
+    """Silent devices expire after the TTL, and so do their groups; their rows and group ids
+    are reused by new devices and groups."""
     table = StreamTable(Catalog(), ttl_s=100.0)
-    table.build(_recs(window("old/0", T0)))
-    dev_rows, layer_rows = table.expire(T0 + 500.0)
-    assert dev_rows.tolist() == [0]
-    assert sorted(layer_rows.tolist()) == [0, 1]
-    frame, _ = table.build(_recs(window("new/0", T0 + 510.0)))
+    table.build(_recs(window("old/0", T0, pool="gone")))
+    released = table.expire(T0 + 500.0)
+    assert released.device_rows.tolist() == [0]
+    assert sorted(released.layer_rows.tolist()) == [0, 1]
+    assert sorted(released.groups.tolist()) == [0, 1, 2]  # (gone, m@1) device, attention, mlp
+    assert table.groups == {}
+    frame, _ = table.build(_recs(window("new/0", T0 + 510.0, pool="here")))
     assert sorted(frame.layer_rows.tolist()) == [0, 1]
+    assert sorted(frame.layer_group.tolist() + frame.device_group.tolist()) == [0, 1, 2]
     assert "old/0" not in table.devices
+    assert {k[0] for k in table.group_keys} == {"here"}
+
+
+def test_groups_of_a_pool_renamed_away_expire_while_its_devices_live_on() -> None:
+    """Pool-name churn: the same devices under a new pool name every window. Groups nobody
+    reports into any more expire after the TTL, so the group count stays bounded."""
+    table = StreamTable(Catalog(), ttl_s=100.0)
+    counts = []
+    for w in range(60):
+        ts = T0 + 10.0 * w
+        table.build(_recs(*(window(f"n/{d}", ts, pool=f"p{w}") for d in range(4))))
+        counts.append((len(table.groups), len(table.group_keys)))
+        table.expire(ts)
+    assert len(table.devices) == 4
+    # Live: the pool names of the last TTL (12 windows, the 12th due at the next expiry)
+    # x 3 groups each, and the ids stop growing there: they are reused.
+    assert max(n for n, _ in counts) == 12 * 3
+    assert max(k for _, k in counts) == 12 * 3
+
+
+def _seen(table: StreamTable, names: list[str]) -> list[float]:
+    return [table.devices[n].last_ts for n in names]
+
+
+def test_at_the_device_cap_the_least_recently_seen_device_is_evicted() -> None:
+    """A new device at the cap evicts the device seen longest ago (not the oldest one
+    registered): its row and layer rows are released for reuse, and it comes back as new."""
+    table = StreamTable(Catalog(), max_devices=3)
+    table.build(_recs(window("a/0", T0), window("b/0", T0 + 1), window("c/0", T0 + 2)))
+    table.build(_recs(window("a/0", T0 + 10)))  # a seen again: b is now the LRU
+    assert not table.take_evicted()
+    a_row, b_row = table.devices["a/0"].row, table.devices["b/0"].row
+    frame, rej = table.build(_recs(window("d/0", T0 + 20)))
+    assert rej == []
+    assert set(table.devices) == {"a/0", "c/0", "d/0"}
+    released = table.take_evicted()
+    assert released.device_rows.tolist() == [b_row]
+    assert sorted(released.layer_rows.tolist()) == sorted(frame.layer_rows.tolist())
+    assert released.groups.size == 0
+    assert table.devices["d/0"].row == b_row  # reused at once: reset before detecting
+    assert table.devices["a/0"].row == a_row
+    assert not table.take_evicted()  # taken once
+
+
+def test_the_layer_stream_cap_evicts_the_least_recently_seen_layer_streams() -> None:
+    """One device sending a new layer type every window cannot grow the table: at the cap
+    its oldest layer streams go, not other devices."""
+    table = StreamTable(Catalog(), max_streams=6)
+    table.build(_recs(window("steady/0", T0)))
+    for w in range(1, 20):
+        rec = window("junk/0", T0 + 10.0 * w)
+        rec["layers"] = [dict(rec["layers"][1], type=f"junk{w}")]
+        steady = window("steady/0", T0 + 10.0 * w)
+        table.build(_recs(rec, steady))
+        assert len(table.layer_index) <= 6
+    junk_row = table.devices["junk/0"].row
+    kept = sorted(t for (row, t) in table.layer_index if row == junk_row)
+    assert kept == ["junk16", "junk17", "junk18", "junk19"]  # the cap less steady's two
+    steady_row = table.devices["steady/0"].row
+    assert sorted(t for (row, t) in table.layer_index if row == steady_row) == ["attention", "mlp"]
+
+
+def test_the_group_cap_evicts_the_least_recently_updated_groups() -> None:
+    """Groups beyond `max_groups` evict the least recently updated ones (here: pools that
+    went quiet), well before their TTL."""
+    table = StreamTable(Catalog(), max_groups=6)
+    table.build(_recs(window("a/0", T0, pool="quiet"), window("b/0", T0, pool="busy")))
+    table.build(_recs(window("b/0", T0 + 10, pool="busy")))
+    table.build(_recs(window("c/0", T0 + 20, pool="new")))
+    assert {k[0] for k in table.groups} == {"busy", "new"}
+    assert table.take_evicted().groups.size == 3
+    assert len(table.groups) == 6
+
+
+def test_a_batch_with_more_new_devices_than_the_cap_dead_letters_the_rest() -> None:
+    """When every tracked device is in the batch, nothing can be evicted: new devices beyond
+    the cap are rejected with a capacity reason, the first ones in event order kept."""
+    table = StreamTable(Catalog(), max_devices=2)
+    recs = _recs(window("c/0", T0 + 2), window("a/0", T0), window("b/0", T0 + 1))
+    _, rej = table.build(recs)
+    assert set(table.devices) == {"a/0", "b/0"}
+    assert [(r.index, r.kind) for r in rej] == [(0, "capacity")]
+    assert "limits.max_devices=2" in rej[0].reason
+
+
+def test_snapshot_after_eviction_restores_the_same_table() -> None:
+    """After evictions and group expiry, a restored table equals the original (free lists,
+    per-row times) and goes on to build the same frames and evict the same streams."""
+    table = StreamTable(Catalog(), ttl_s=100.0, max_devices=3, max_groups=6)
+    for w in range(12):
+        names = [f"d{(w + k) % 5}/0" for k in range(2)]
+        recs = _recs(*(window(n, T0 + 10.0 * w, pool=f"p{w % 3}") for n in names))
+        table.build(recs)
+        table.take_evicted()
+    table.expire(T0 + 200.0)
+    back = StreamTable.restore(table.snapshot(), Catalog(), max_devices=3, max_groups=6)
+    for name in ("devices", "device_names", "layer_keys", "free_device_rows", "free_layer_rows",
+                 "groups", "group_keys", "free_groups"):  # fmt: skip
+        assert getattr(back, name) == getattr(table, name), name
+    for name in ("device_seen", "layer_seen", "group_seen", "layer_device"):
+        n = len(table.layer_keys if name.startswith("layer") else
+                 table.group_keys if name == "group_seen" else table.device_names)  # fmt: skip
+        assert np.array_equal(getattr(back, name)[:n], getattr(table, name)[:n], equal_nan=True)
+    nxt = _recs(*(window(f"e{k}/0", T0 + 300.0, pool="q") for k in range(2)))
+    f1, _ = table.build(nxt)
+    f2, _ = back.build(nxt)
+    assert f1.layer_rows.tolist() == f2.layer_rows.tolist()
+    assert f1.layer_group.tolist() == f2.layer_group.tolist()
+    e1, e2 = table.take_evicted(), back.take_evicted()
+    assert e1.device_rows.tolist() == e2.device_rows.tolist()
+    assert e1.groups.tolist() == e2.groups.tolist()
+
+
+def test_a_checkpoint_from_before_group_expiry_restores_with_fallback_times() -> None:
+    """A table checkpoint without per-row times (older format) restores: layer streams take
+    their device's last time, groups the partition's newest, so nothing expires early."""
+    table = StreamTable(Catalog(), ttl_s=100.0)
+    table.build(_recs(window("a/0", T0), window("b/0", T0 + 50, pool="other")))
+    fields = msgspec.msgpack.decode(table.snapshot())
+    old = msgspec.msgpack.encode(fields[:10])
+    back = StreamTable.restore(old, Catalog())
+    a_rows = [r for (dev, _), r in back.layer_index.items() if dev == back.devices["a/0"].row]
+    assert back.layer_seen[a_rows].tolist() == [T0, T0]
+    assert back.group_seen[list(back.groups.values())].tolist() == [T0 + 50] * 6
+    assert back.expire(T0 + 120).groups.size == 0  # a's pool lives on: b's time, not a's

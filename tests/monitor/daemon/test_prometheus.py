@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 
-from factories import fleet, joining_fleet, msg
+from factories import T0, fleet, joining_fleet, msg, window
 from prometheus_client import CollectorRegistry, generate_latest
 
-from monitor.config import DetectorSettings, Settings
+from monitor.config import DetectorSettings, LimitSettings, Settings
 from monitor.core.pipeline import Pipeline
 from monitor.core.types import RawMessage
 from monitor.daemon.prometheus import register_metrics
@@ -153,3 +153,28 @@ async def test_warm_starts_are_counted_by_outcome() -> None:
     for (stream, outcome), n in counts.items():
         assert _value(registry, "flopwatch_detector_warm_starts_total", stream=stream,
                       outcome=outcome) == n  # fmt: skip
+
+
+async def test_streams_against_their_caps_and_evictions_are_exported() -> None:
+    """Per partition, streams by kind next to their cap; devices evicted at the cap and a
+    batch beyond it show as counters (a dead-lettered record as outcome=capacity)."""
+    settings = Settings(limits=LimitSettings(max_devices=4, max_streams=6, max_groups=9))
+    batches = [[msg(window(f"n/{w}-{d}", T0 + 10.0 * w), partition=1) for d in range(3)]
+               for w in range(1, 5)]  # fmt: skip
+    batches.append([msg(window(f"m/{d}", T0 + 60.0), partition=1) for d in range(5)])
+    runner = Runner(ListSource(batches), Pipeline(settings), [ListSink()])
+    registry = register_metrics(CollectorRegistry(), runner)
+    assert _value(registry, "flopwatch_streams_evicted_total", kind="device") == 0
+    await runner.run()
+    assert _value(registry, "flopwatch_streams_limit", kind="device") == 4
+    assert _value(registry, "flopwatch_streams_limit", kind="layer") == 6
+    assert _value(registry, "flopwatch_streams_limit", kind="group") == 9
+    # Every batch brings new devices; 6 layer streams hold 3 of them, so each evicts the
+    # last batch's 3, and the last batch of 5 keeps 3: the other 2 are dead-lettered.
+    assert _value(registry, "flopwatch_partition_streams", partition="1", kind="device") == 3
+    assert _value(registry, "flopwatch_partition_streams", partition="1", kind="layer") == 6
+    assert _value(registry, "flopwatch_streams_evicted_total", kind="device") == 4 * 3
+    assert _value(registry, "flopwatch_streams_evicted_total", kind="layer") == 2 * 4 * 3
+    assert _value(registry, "flopwatch_streams_expired_total", kind="device") == 0
+    assert _value(registry, "flopwatch_records_total", outcome="capacity") == 2
+    assert runner.pipeline.stats.streams_evicted["device"] == 4 * 3
