@@ -36,10 +36,23 @@ STAGE_OF: dict[str, Stage] = {
 
 # The metrics an alert can be about, most telling first; the others are evidence only.
 # Ingress and validation incidents have MFU flat, so latency and quality must open them.
+# A communication layer (a collective) does no model FLOPs: its MFU (~1e-5) means nothing,
+# its efficiency is the share of its time spent waiting (sync fraction), which is primary
+# there and only there (`is_primary`).
 PRIMARY_ORDER: tuple[str, ...] = (
-    "mfu", "stall_frac", "device_mfu", "quality", "lat_p99_ms", "queue_wait_ms",
+    "mfu", "stall_frac", "sync_frac", "device_mfu", "quality", "lat_p99_ms", "queue_wait_ms",
 )  # fmt: skip
 PRIMARY_METRICS = frozenset(PRIMARY_ORDER)
+COMM_LAYERS = frozenset({"allreduce"})
+
+
+def is_primary(metric: str, layer: str | None) -> bool:
+    """Whether a change of this metric on this layer can open an incident."""
+    if metric == "sync_frac":
+        return layer in COMM_LAYERS
+    return metric in PRIMARY_METRICS
+
+
 # Evidence that independently corroborates a change on the same device: a second
 # mechanism, not a second view of the same noisy timing (mfu and stall move together),
 # and not load itself (temperature and power rise with every burst; a throttle shows

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from monitor.core.correlator import Incident
+from monitor.core.correlator import OVERLOAD_RATIO, Incident
 from monitor.indicators import LOAD_FOLLOWING, QUEUEING
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
@@ -28,9 +28,6 @@ KIND_STAGES: dict[str, frozenset[Stage]] = {
     "model": frozenset({"validation"}),
 }
 
-# Offered load this far above the pool's recent level makes a queueing-only incident
-# overload: the pool lacks capacity for the traffic, nothing regressed.
-OVERLOAD_RATIO = 1.25
 
 
 # The decision matrix: a stage that names its class outright, then what moved.

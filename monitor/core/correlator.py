@@ -19,8 +19,8 @@ from monitor.indicators import (
     BAD_DIRECTION,
     CORROBORATING,
     LOAD_METRICS,
-    PRIMARY_METRICS,
     PRIMARY_ORDER,
+    is_primary,
 )
 from monitor.wire import STAGES, ScopeLevel, Stage
 
@@ -32,6 +32,9 @@ LEAD_WINDOWS = 6
 # Device field of change points found on (pool, model, layer) aggregates, not on a device.
 AGGREGATE = "pool:"
 SUPPORT_SHARE = 0.25
+# Offered load this far above the pool's recent level makes a queueing-only incident
+# overload (`advisor.bottleneck_class`), and holds back a collective's waits.
+OVERLOAD_RATIO = 1.25
 # A multi-device incident confirms on this share of its pool, or on hosts most of whose
 # devices moved.
 CLUSTER_SHARE = 0.25
@@ -284,6 +287,15 @@ class Incident:
         for p in sorted(points, key=lambda q: q.detected_ts):
             first_seen.setdefault(p.device, (p.detected_ts, p.host))
         need = max(min_devices, math.ceil(min_fraction * pool_devices))
+        # A collective waits on a link: a slow one shows on the devices behind it, most of
+        # one host. Waits that rose on devices scattered over hosts are the traffic's
+        # doing (a burst reshuffling an expert all-to-all), not a fault of the collective.
+        sync = self.primary_metric == "sync_frac"
+        if sync and self.load_ratio() >= OVERLOAD_RATIO:
+            # Waits that rose with the offered load (a burst feeding an expert all-to-all)
+            # are the traffic's doing: compared with calm, not with the last burst.
+            return None
+        spread_ok = not sync
         by_devices = math.inf
         per_host: dict[str | None, int] = {}
         for n, (t, host) in enumerate(sorted(first_seen.values(), key=lambda x: x[0]), 1):
@@ -291,7 +303,9 @@ class Incident:
             clustered = sum(
                 k for h, k in per_host.items() if h is not None and 2 * k >= sizes.get(h, 1 << 30)
             )
-            if n >= need and (n >= CLUSTER_SHARE * pool_devices or clustered >= need):
+            if n >= need and (
+                clustered >= need or (spread_ok and n >= CLUSTER_SHARE * pool_devices)
+            ):
                 by_devices = t
                 break
         near = 2 * self.window_s
@@ -322,23 +336,37 @@ class Incident:
             ),
             default=math.inf,
         )
-        if len(first_seen) < need:
+        if len(first_seen) < need or sync:
             by_aggregate = math.inf
         when = min(by_devices, by_mechanism, by_aggregate)
         return None if when == math.inf else when
 
-    def scope_level(self, pool_devices: int, pool_fraction: float) -> ScopeLevel:
+    def scope_level(
+        self,
+        pool_devices: int,
+        pool_fraction: float,
+        host_sizes: Mapping[str | None, int] | None = None,
+    ) -> ScopeLevel:
         """device, host or pool, from how many of the pool's devices moved.
 
         `pool` once `pool_fraction` of the pool moved; `host` when the devices share
-        one host; otherwise `device` (one device, or a few scattered ones: naming the
-        devices is the honest scope).
+        one host, or when most of them are most of one host (a stray device elsewhere
+        is noise joining a host's fault); otherwise `device` (one device, or a few
+        scattered ones: naming the devices is the honest scope).
         """
         n = len(self.devices)
         if pool_devices > 0 and n >= max(2, pool_fraction * pool_devices):
             return "pool"
         if n > 1 and len(self.hosts) == 1:
             return "host"
+        if n > 1 and host_sizes:
+            per_host: dict[str | None, set[str]] = {}
+            for p in self.points:
+                per_host.setdefault(p.host, set()).add(p.device)
+            whole = [h for h, d in per_host.items()
+                     if h is not None and 2 * len(d) >= host_sizes.get(h, 1 << 30)]  # fmt: skip
+            if len(whole) == 1 and 2 * len(per_host[whole[0]]) > n:
+                return "host"
         return "device"
 
 
@@ -361,7 +389,7 @@ class Correlator:
         touched: dict[int, Incident] = {}
 
         def opens(p: ChangePoint) -> bool:
-            return p.metric in PRIMARY_METRICS and p.is_regression and not p.is_aggregate
+            return is_primary(p.metric, p.layer) and p.is_regression and not p.is_aggregate
 
         primary = [p for p in points if opens(p)]
         for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):

@@ -20,6 +20,7 @@ from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import ChangePoint, Incident
 from monitor.indicators import (
+    COMM_LAYERS,
     COMPLEMENT,
     DEVICE_METRICS,
     LAYER_METRICS,
@@ -91,6 +92,8 @@ class AlertLifecycle:
         self.s = settings
         self.advisor = advisor
         self.states: dict[str, AlertState] = {}  # by alert id, for paged incidents
+        # Known devices per host, as of the last `due`: what makes a host's devices a host.
+        self.host_sizes: Mapping[str | None, int] = {}
 
     def state(self, inc: Incident) -> AlertState:
         """The alert state of a paged incident (created at its first page)."""
@@ -129,6 +132,7 @@ class AlertLifecycle:
         """Alerts to send now: first pages after settling, and growth updates."""
         out: list[Alert] = []
         sure_at: dict[int, float] = {}
+        self.host_sizes = host_sizes or {}
         for inc in incidents:
             if inc.status == "open" and inc.alert_id is None:
                 n_pool = inc.pool_devices(pool_devices)
@@ -222,7 +226,7 @@ class AlertLifecycle:
             n_pool = sum(m.pool_devices(pool_devices) for m in (inc, *inc.children))
             return inc.merged(), n_pool, "fleet"
         n_pool = inc.pool_devices(pool_devices)
-        return inc, n_pool, inc.scope_level(n_pool, self.s.pool_fraction)
+        return inc, n_pool, inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
 
     def _link_fleet(self, incidents: list[Incident], sure_at: dict[int, float]) -> None:
         """Fold same-metric, same-layer incidents of different pools with close onsets into
@@ -324,7 +328,7 @@ class AlertLifecycle:
         # became device MFU (a later burst's end joined it) is still overload.
         load = inc.load_ratio() if metric in QUEUEING | LOAD_FOLLOWING else 1.0
         bottleneck = bottleneck_class(stage, moved, load)
-        level = level or inc.scope_level(n_pool, self.s.pool_fraction)
+        level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
         what = f"{inc.layers[0] + ' ' if inc.layers else ''}{_METRIC_WORDS.get(metric, metric)}"
         suggestion = self.advisor.suggest(
@@ -334,7 +338,14 @@ class AlertLifecycle:
             # A change that fits explains it: the traffic only exposed it. Not overload.
             bottleneck = bottleneck_class(stage, moved)
         share = len(devices) / n_pool if n_pool else 1.0
+        if bottleneck == "synchronisation" and any(layer in COMM_LAYERS for _, _, layer in
+                                                   inc.supporting()):  # fmt: skip
+            # A collective is as slow as its slowest member: every rank of the job waits
+            # at the barrier for the host that is late, so the whole pool loses the time.
+            share = 1.0
         sev = severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
+        if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
+            sev = "page"
         return Alert(
             v=1,
             id=inc.alert_id or "",
@@ -376,6 +387,13 @@ def tolerance(metric: str, s: AlertSettings) -> float:
     if metric in COMPLEMENT:
         return max(s.resolve_tolerance, MIN_REL_CHANGE.get(metric, 0.0))
     return s.resolve_tolerance
+
+
+def _hardware_fault(moved: set[str]) -> bool:
+    """The clock stepped down and heat or power moved with the primary metric: independent
+    physical indicators agree, so even one device is a real fault (it does not heal, and
+    the bounded step, cordoning it, is cheap), whatever its share of the pool."""
+    return "clock_mhz" in moved and bool(moved & {"temp_c", "power_w"})
 
 
 def guardrail(what: str, metric: str, before: float, s: AlertSettings) -> str:
