@@ -29,7 +29,6 @@ KIND_STAGES: dict[str, frozenset[Stage]] = {
 }
 
 
-
 # The decision matrix: a stage that names its class outright, then what moved.
 _STAGE_CLASS: dict[str, str] = {
     "ingress": "ingress",

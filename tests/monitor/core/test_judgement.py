@@ -82,14 +82,20 @@ def _training(
         for d in range(32):
             name = f"node-{d // 8:03d}/gpu{d % 8}"
             late = w >= at
-            slow = late and name.split("/")[0] in hosts_bad
+            slow = late and name.split("/", maxsplit=1)[0] in hosts_bad
             hot = late and name in thermal
             wait = 0.2 * (2.5 if slow or (late and name in scattered_sync) else 1.0)
             mfu = 0.45 * (0.95 if slow else 0.88 if hot else 1.0)
             rec = window(name, ts, pool="train-a", mfu=mfu * (1 + 0.02 * rng.standard_normal()),
                          stall=0.3 * (1 + 0.02 * rng.standard_normal()))  # fmt: skip
-            rec["layers"].append({"type": "allreduce", "flops": 1e9, "busy_s": 1.0,
-                                  "sync_wait_s": wait * (1 + 0.03 * rng.standard_normal())})
+            rec["layers"].append(
+                {
+                    "type": "allreduce",
+                    "flops": 1e9,
+                    "busy_s": 1.0,
+                    "sync_wait_s": wait * (1 + 0.03 * rng.standard_normal()),
+                }
+            )
             rec["device_stats"] = {
                 "clock_mhz": 1755.0 * (0.85 if hot else 1.0) * (1 + 0.002 * rng.standard_normal()),
                 "temp_c": 70.0 * (1.19 if hot else 1.0) + 0.4 * rng.standard_normal(),
