@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -54,7 +55,8 @@ async def test_routes_readiness_and_metrics() -> None:
         assert (await fetch(f"{base}/metrics", "POST"))[0] == 405
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b"garbage\r\n\r\n")
-        assert (await reader.read()).startswith(b"HTTP/1.1 400 ")
+        # No version could be parsed from the request: aiohttp answers as HTTP/1.0.
+        assert re.match(rb"HTTP/1\.[01] 400 ", await reader.read())
         writer.close()
     finally:
         await server.close()
