@@ -247,7 +247,7 @@ def timeline(
     return _svg(height, body, f"timeline of {len(incidents)} incidents and {len(changes)} changes")
 
 
-def _fit(text: str, width: float, char_w: float = 6.2) -> str:
+def _fit(text: str, width: float, char_w: float = 7.0) -> str:
     """`text` cut to about `width` viewBox units at the plots' 11 px font."""
     n = max(int(width / char_w), 8)
     return text if len(text) <= n else text[: n - 1] + "\u2026"
