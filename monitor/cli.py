@@ -1,4 +1,4 @@
-"""The `flopwatch` command: up, run, sim, replay, record, ingest, detect, schema, config."""
+"""The `flopwatch` command: up, run, sim, replay, report, record, ingest, detect, schema, config."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--dead-letters", type=Path, help="write rejected lines with reasons here")
     rp.add_argument("--batch-size", type=int, default=None,
                     help="records per batch (default: kafka.max_batch_records)")  # fmt: skip
+
+    rp = sub.add_parser("report", parents=[common],
+                        help="a recording's incidents as one self-contained HTML page")  # fmt: skip
+    rp.add_argument("input", type=Path, metavar="RECORDING", help=".jsonl or .jsonl.gz")
+    rp.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    rp.add_argument("--alerts", type=Path, default=None,
+                    help="its alert JSONL (default: replay it to find them)")  # fmt: skip
 
     rec = sub.add_parser("record", parents=[common], help="capture topics to a recording")
     rec.add_argument("--out", type=Path, required=True, help=".jsonl or .jsonl.gz")
@@ -209,20 +216,31 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         sim_code: int = asyncio.run(sim_main(args))
         return sim_code
     # The daemon commands load aiokafka and the engine: only when one is asked for.
-    if cmd == "replay":
-        from monitor.daemon.replay import replay  # noqa: PLC0415
-
-        return asyncio.run(replay(args, settings))
-    if cmd == "record":
-        from monitor.daemon.record import record  # noqa: PLC0415
-
-        return asyncio.run(record(args, settings))
     if cmd == "run":
         from monitor.daemon.assemble import serve  # noqa: PLC0415
 
         return asyncio.run(serve(settings))
+    return asyncio.run(_daemon_command(cmd)(args, settings))
+
+
+def _daemon_command(
+    cmd: str,
+) -> Callable[[argparse.Namespace, Settings], Coroutine[None, None, int]]:
+    """The coroutine of a daemon command that takes (args, settings)."""
+    if cmd == "replay":
+        from monitor.daemon.replay import replay  # noqa: PLC0415
+
+        return replay
+    if cmd == "report":
+        from monitor.daemon.report import report  # noqa: PLC0415
+
+        return report
+    if cmd == "record":
+        from monitor.daemon.record import record  # noqa: PLC0415
+
+        return record
     if cmd == "up":
         from monitor.daemon.up import up  # noqa: PLC0415
 
-        return asyncio.run(up(args, settings))
+        return up
     raise UsageError(f"unknown command {cmd!r}")

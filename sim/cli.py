@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from monitor.progress import Progress
 from monitor.units import parse_duration, parse_speed
 from sim.kafka import produce
 from sim.recording import labels_path, write_recording
@@ -95,7 +96,8 @@ async def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     if args.out is not None:
         path = Path(args.out) / f"{sim.scenario.name}.jsonl{'.gz' if args.gzip else ''}"
-        n = write_recording(sim, path)
+        with Progress("sim", sim.n_windows, "records") as bar:
+            n = write_recording(sim, path, bar.update)
         sys.stdout.write(
             f"wrote {n} records, {len(sim.plan.changes)} change events to {path} "
             f"(labels: {labels_path(path)}) in {time.monotonic() - t0:.1f}s\n"
@@ -115,7 +117,15 @@ async def main(args: argparse.Namespace) -> int:
         await producer.stop()
         _fail(f"cannot connect to Kafka at {args.kafka}: {exc}")
     try:
-        n = await produce(sim, producer, args.samples_topic, args.changes_topic, speed)
+        with Progress("sim", sim.n_windows, "records") as bar:
+            n = await produce(
+                sim,
+                producer,
+                args.samples_topic,
+                args.changes_topic,
+                speed,
+                bar.update,
+            )
     finally:
         await producer.stop()
     sys.stdout.write(

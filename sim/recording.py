@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
@@ -20,12 +21,15 @@ def labels_path(path: Path) -> Path:
     raise ValueError(f"recording path must end in .jsonl or .jsonl.gz: {path}")
 
 
-def write_recording(sim: Simulation, path: Path) -> int:
+def write_recording(
+    sim: Simulation, path: Path, progress: Callable[[int, int], None] | None = None
+) -> int:
     """Write every window record and change event in event-time order; returns records written.
 
     Change events go before the window records of the window they landed in, so a
     replay sees a deploy before the regression it causes. Labels are written last
-    (after the run, so dirty-stream counts are final).
+    (after the run, so dirty-stream counts are final). `progress` is called after each
+    window with (windows done, records written).
     """
     path = Path(path)
     lpath = labels_path(path)
@@ -39,10 +43,12 @@ def write_recording(sim: Simulation, path: Path) -> int:
         with fh:
             # zlib releases the GIL: window k compresses while window k+1 is simulated
             pending: Future[int] | None = None
-            for win in sim.windows():
+            for k, win in enumerate(sim.windows(), start=1):
                 lines = [v for _, v in win.changes]
                 lines += [v for _, v in win.records]
                 n += len(win.records)
+                if progress is not None:
+                    progress(k, n)
                 if not lines:
                     continue
                 if pending is not None:

@@ -10,6 +10,7 @@ checkpointed and handed over per partition (`core.state`).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,6 +104,9 @@ class Pipeline:
         self.unknown_hw: list[tuple[str, str | None, str | None]] = []
         # Exceptions caught so that one record cannot stop the daemon; the runner logs them.
         self.errors: list[Exception] = []
+        # Called with each partition's frame once its records are in (the incident pages'
+        # plots, `monitor.report.series`); it only reads, and its failure costs no record.
+        self.observer: Callable[[int, Frame, StreamTable], None] | None = None
 
     def _partition(self, p: int) -> PartitionState:
         st = self.partitions.get(p)
@@ -176,6 +180,12 @@ class Pipeline:
         points.extend(found)
         views.append(view)
         out.dead.extend(dead)
+        if self.observer is not None:
+            try:
+                self.observer(part, view.frame, st.table)
+            except Exception as exc:  # noqa: BLE001 - a view must never cost the records
+                self.stats.internal_errors += 1
+                self.errors.append(exc)
         late, duplicate, capacity = counts
         self.stats.records_late += late
         self.stats.records_duplicate += duplicate

@@ -25,11 +25,13 @@ from monitor.config import Settings
 from monitor.core.pipeline import Pipeline
 from monitor.core.types import DeadLetter
 from monitor.daemon.http import HttpServer, serve_http
+from monitor.daemon.live import LivePages
 from monitor.daemon.prometheus import register_metrics
 from monitor.daemon.repartition import Repartitioner
 from monitor.daemon.runner import Runner
 from monitor.errors import CheckpointError, UsageError
 from monitor.log import get_logger
+from monitor.report.series import SeriesKeeper
 from monitor.sinks.base import Sink
 from monitor.sinks.console import ConsoleSink
 from monitor.sinks.jsonl import JsonlSink
@@ -80,7 +82,7 @@ def configured_sinks(settings: Settings, kafka_sink: KafkaSink | None) -> list[S
     if s.kafka and kafka_sink is not None:
         out.append(kafka_sink)
     if s.console:
-        out.append(ConsoleSink())
+        out.append(ConsoleSink(link_base=s.alertmanager.external_url))
     if s.jsonl_path:
         out.append(JsonlSink(s.jsonl_path))
     if s.alertmanager.urls:
@@ -210,8 +212,16 @@ async def _assemble_kafka(
 
         registry = register_metrics(CollectorRegistry(), runner, source, checkpointer, ready,
                                     rep)  # fmt: skip
-        daemon.http = await serve_http(settings.http_port, registry, ready, host)
+        pages = None
+        if settings.http_port:
+            keeper = SeriesKeeper()
+            pipeline.observer = keeper.observe
+            pages = LivePages(pipeline, keeper)
+            runner.on_sent = pages.sent
+        daemon.http = await serve_http(settings.http_port, registry, ready, host, pages)
         _close_on_exit(stack, daemon.http)
+        if daemon.http is None:  # nobody can read the pages: keep nothing for them
+            pipeline.observer = runner.on_sent = None
     return daemon
 
 

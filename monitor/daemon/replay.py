@@ -9,11 +9,13 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 from monitor.config import Settings
 from monitor.core.types import DeadLetter
 from monitor.daemon.assemble import Wiring, assemble, run_daemon
 from monitor.errors import UsageError
+from monitor.progress import Progress
 from monitor.sinks.jsonl import JsonlSink
 from monitor.sources.recording import RecordingSource
 from monitor.wire import Alert
@@ -33,6 +35,10 @@ class _StatusCount:
         """Nothing to release."""
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size
+
+
 async def replay(args: argparse.Namespace, settings: Settings) -> int:
     """Replay `args.file`; alerts to `--alerts-out` or stdout, a summary on stderr."""
     if not args.file.is_file():
@@ -40,10 +46,15 @@ async def replay(args: argparse.Namespace, settings: Settings) -> int:
     batch_size = settings.kafka.max_batch_records if args.batch_size is None else args.batch_size
     if batch_size < 1:
         raise UsageError("--batch-size must be >= 1")
-    source = RecordingSource(args.file, settings.kafka.topics, batch_size=batch_size)
+    # No bar over alerts printed to the same terminal: they are the progress there.
+    bar = Progress("replay", _size(args.file), "lines")
+    bar.enabled = bar.enabled and not (args.alerts_out is None and sys.stdout.isatty())
+    source = RecordingSource(args.file, settings.kafka.topics, batch_size=batch_size,
+                             progress=lambda lines, read: bar.update(read, lines))  # fmt: skip
     counts = _StatusCount()
     t0 = time.perf_counter()
     async with AsyncExitStack() as stack:
+        stack.callback(bar.close)
         dead_file = stack.enter_context(args.dead_letters.open("w")) if args.dead_letters else None
 
         async def dead(items: Sequence[DeadLetter]) -> None:

@@ -47,6 +47,8 @@ class Runner:
     # Per sink (and "dlq"): monotonic time of the first failure of the delivery now retrying.
     failing_since: dict[str, float] = field(default_factory=dict)
     retry_s: float = 0.5  # first back-off of a failing sink; doubles up to 30 s
+    # Told of every batch of alerts once all sinks took it (the live incident pages).
+    on_sent: Callable[[Sequence[Alert]], None] | None = None
     _adopted: set[str] = field(default_factory=set)  # alert ids whose delivery state was handed
 
     async def run(self) -> None:
@@ -82,6 +84,11 @@ class Runner:
                 self.sent[name, status] += n
         _track(self.firing, alerts)
         self._keep_delivery()
+        if self.on_sent is not None:
+            try:
+                self.on_sent(alerts)
+            except Exception as exc:  # a page must never stop alerting
+                log.exception("alert pages not updated", error=repr(exc))
 
     def _adopt_delivery(self) -> None:
         """Hand the sinks what restored alert states say is open at them (once per id)."""

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
 from monitor.config import Settings
-from monitor.daemon.assemble import Wiring, assemble, run_daemon
+from monitor.daemon.assemble import Daemon, Wiring, assemble, run_daemon
 from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
 from monitor.errors import BrokerError, UsageError
 from monitor.kafka_client import client_kwargs
@@ -86,10 +86,7 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
         # Loopback only: the demo runs on a workstation.
         wiring = Wiring(http_host="127.0.0.1", private_broker=private, stop_when_idle=done.is_set)
         daemon = await assemble(stack, settings, wiring)
-        if daemon.http is not None:
-            _say(
-                f"metrics on http://{settings.http_host or '127.0.0.1'}:{daemon.http.port}/metrics"
-            )
+        _announce_http(daemon, settings)
         if daemon.repartitioner is not None:
             _say(f"samples re-keyed by pool onto {kafka.topics.by_pool}")
 
@@ -116,6 +113,17 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
         _say(f"{c.records_in} records in {time.monotonic() - t0:.1f}s, {c.alerts_out} "
              f"alert records, {sum(daemon.runner.rejected.values())} rejected")  # fmt: skip
     return code
+
+
+def _announce_http(daemon: Daemon, settings: Settings) -> None:
+    """Say where the metrics and the incident pages are; the console lines link there."""
+    if daemon.http is None:
+        return
+    base = f"http://{settings.http_host or '127.0.0.1'}:{daemon.http.port}"
+    _say(f"metrics on {base}/metrics, incidents on {base}/alerts")
+    for sink in daemon.sinks:
+        if isinstance(sink, ConsoleSink) and sink.link_base is None:
+            sink.link_base = base
 
 
 async def _in_process(args: argparse.Namespace, settings: Settings, simulation: Simulation) -> int:

@@ -12,6 +12,7 @@ from monitor.errors import UsageError
 from monitor.ingest import output
 from monitor.ingest.rules import from_settings
 from monitor.ingest.torch_trace import Identity, TraceStats, ingest_traces
+from monitor.progress import Progress
 
 
 def add_arguments(
@@ -103,7 +104,10 @@ def _torch_trace(args: argparse.Namespace, settings: Settings) -> int:
         hw=args.hw,
         steps_per_window=args.steps,
     )
-    records, stats = ingest_traces(args.traces, rules, aliases, catalog_from(settings), ident)
+    total = sum(p.stat().st_size for p in args.traces)
+    with Progress("ingest", total, "records") as bar:
+        records, stats = ingest_traces(args.traces, rules, aliases, catalog_from(settings), ident,
+                                       bar.update)  # fmt: skip
     if ident.pool is None and settings.ingest.pools:
         for rec in records:
             pool = settings.ingest.pools.get(rec.get("host", ""))

@@ -9,7 +9,7 @@ Windows follow `ProfilerStep#N`: one record per device per N steps, never part o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -493,14 +493,24 @@ def _model_of(tr: Trace) -> str | None:
 
 
 def ingest_traces(
-    paths: Sequence[Path], rules: LayerRules, aliases: HwAliases, catalog: Catalog, ident: Identity
+    paths: Sequence[Path],
+    rules: LayerRules,
+    aliases: HwAliases,
+    catalog: Catalog,
+    ident: Identity,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[TraceStats]]:
-    """Records of every trace, merged in (ts, device) order."""
+    """Records of every trace, merged in (ts, device) order; `progress` is called after
+    each trace with (bytes of the traces read, records so far)."""
     records: list[dict[str, Any]] = []
     stats: list[TraceStats] = []
+    read = 0
     for path in paths:
         recs, st = ingest_trace(path, rules, aliases, catalog, ident)
         records.extend(recs)
         stats.append(st)
+        read += path.stat().st_size
+        if progress is not None:
+            progress(read, len(records))
     records.sort(key=lambda r: (r["ts"], r["device"]))
     return records, stats

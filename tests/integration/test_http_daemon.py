@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -182,3 +183,65 @@ def _check_both(
             proc.send_signal(signal.SIGTERM)
         for proc in (on, off):
             assert proc.wait(30) == 0
+
+
+def test_flopwatch_run_serves_the_incident_page_of_an_alert_that_paged(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """`flopwatch run` on the real broker: a kernel_lib regression pages; /alerts lists its
+    id and /alerts/<id> (Alertmanager's generatorURL, the console link) is its page."""
+    s = isolated_settings(broker)
+    k, t = s.kafka, s.kafka.topics
+    port, alerts = free_port(), tmp_path / "alerts.jsonl"
+    env = {**os.environ, "FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+           "FLOPWATCH_CHECKPOINT__KEY": "test-checkpoint-key",
+           "FLOPWATCH_KAFKA__GROUP_ID": k.group_id, "FLOPWATCH_KAFKA__TOPICS__SAMPLES": t.samples,
+           "FLOPWATCH_KAFKA__TOPICS__CHANGES": t.changes, "FLOPWATCH_KAFKA__TOPICS__STATE": t.state,
+           "FLOPWATCH_KAFKA__TOPICS__ALERTS": t.alerts, "FLOPWATCH_SINKS__CONSOLE": "false",
+           "FLOPWATCH_SINKS__JSONL_PATH": str(alerts), "FLOPWATCH_LOG_FORMAT": "json",
+           "FLOPWATCH_HTTP_HOST": "127.0.0.1", "FLOPWATCH_HTTP_PORT": str(port)}  # fmt: skip
+    asyncio.run(ensure_topics(k))
+    base = f"http://127.0.0.1:{port}"
+    with (tmp_path / "run.log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "monitor", "run"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+                with contextlib.suppress(OSError):
+                    if _get(f"{base}/readyz")[0] == 200:
+                        break
+                assert time.monotonic() < deadline, "flopwatch run never became ready"
+                time.sleep(0.1)
+            assert _get(f"{base}/alerts")[0] == 200
+            asyncio.run(produce(s, fleet(80, regress_at=40, change_at=39)))
+            paged = _wait_for_page(alerts, deadline=time.monotonic() + 90)
+            # The pages take a batch once every sink has it: the JSONL file may be first.
+            while f'href="/alerts/{paged}"'.encode() not in _get(f"{base}/alerts")[1]:
+                assert time.monotonic() < deadline + 90, "the page never listed the alert"
+                time.sleep(0.1)
+            status, body = _get(f"{base}/alerts/{paged}")
+            html = body.decode()
+            assert status == 200, html
+            assert f'<section class="incident" id="{paged}">' in html
+            assert '<svg class="plot"' in html
+            assert "<polyline" in html  # the pool's level, kept before the page
+            assert "chg-1" in html  # the change on the timeline and in the suggestion
+            assert "&larr; first failing" in html
+            assert _get(f"{base}/alerts/fw-000000000000")[0] == 404
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+
+
+def _wait_for_page(alerts: Path, deadline: float) -> str:
+    """The id of the first alert record with severity page in the daemon's JSONL sink."""
+    while time.monotonic() < deadline:
+        if alerts.exists():
+            for line in alerts.read_text().splitlines():
+                rec = json.loads(line)
+                if rec["severity"] == "page":
+                    return str(rec["id"])
+        time.sleep(0.2)
+    raise AssertionError("nothing paged")
