@@ -24,7 +24,6 @@ from monitor.daemon.assemble import Wiring, assemble, run_daemon
 from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
 from monitor.errors import BrokerError, UsageError
 from monitor.kafka_client import client_kwargs
-from monitor.sinks.console import ConsoleSink
 from monitor.sources.simulated import SimulatorSource
 
 if TYPE_CHECKING:
@@ -119,12 +118,11 @@ async def up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _in_process(args: argparse.Namespace, settings: Settings, simulation: Simulation) -> int:
-    """Simulator → pipeline → console, with no broker in between."""
+    """Simulator → pipeline → the configured sinks (the console by default; Kafka's needs
+    a broker), with no broker in between."""
     source = SimulatorSource(simulation, settings.kafka.topics, speed=args.speed)
     async with AsyncExitStack() as stack:
-        daemon = await assemble(
-            stack, settings, Wiring(source=source, sinks=[ConsoleSink()], http_host=None)
-        )
+        daemon = await assemble(stack, settings, Wiring(source=source, http_host=None))
         _say(f"in process, scenario {args.scenario}, {args.devices} devices")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run_daemon(daemon, stack), args.duration)
