@@ -295,7 +295,7 @@ class DaemonCollector(Collector):
             dead.add_metric([reason], n)
         yield dead
         sent = CounterMetricFamily("flopwatch_alerts_sent_total",
-                                   "Alert records acknowledged by each sink.",
+                                   "Alert records each sink took (the HTTP sinks: queued).",
                                    labels=["sink", "status"])  # fmt: skip
         for (sink, status), n in sorted(r.sent.items()):
             sent.add_metric([sink, status], n)

@@ -8,10 +8,13 @@ from typing import Any
 import msgspec
 import pytest
 from alert_records import firing, resolved
+from factories import fleet
 from receivers import Receiver, until
 from structlog.testing import capture_logs
 
 from monitor.config import PagerDutySettings, Settings, masked_dump
+from monitor.core.pipeline import Pipeline
+from monitor.daemon.runner import Runner
 from monitor.sinks.pagerduty import PagerDutySink
 from monitor.wire import Evidence
 
@@ -228,3 +231,46 @@ async def test_an_adopted_trigger_stays_open_until_resolved(pd: Receiver) -> Non
         assert sink.delivery_state() == {}
     finally:
         await sink.close()
+
+
+class _Source:
+    """Fixed batches, nothing to commit."""
+
+    def __init__(self, batches: list) -> None:
+        self._batches = batches
+
+    async def batches(self):
+        for b in self._batches:
+            yield b
+
+    async def commit(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_what_pagerduty_still_owes_travels_in_the_checkpoint(pd: Receiver) -> None:
+    """PagerDuty down for the whole incident: the resolve the process still owes is in the
+    alert state the checkpoint carries; the process restored from it resolves the page."""
+    await pd.stop()
+    batches = fleet(80, regress_at=40, change_at=39) + fleet(130, seed=9)[80:]
+    first = Pipeline(Settings())
+    old = PagerDutySink(settings(pd))
+    try:
+        await Runner(_Source(batches), first, [old], drain_s=0.2).run()
+    finally:
+        await old.close()
+    aid = firing().id
+    assert first.lifecycle.states[aid].delivery["pagerduty"] == {aid: ["ending", ""]}
+    second = Pipeline(Settings())
+    second.restore_incidents(first.snapshot_incidents())
+    await pd.start()
+    new = PagerDutySink(settings(pd))
+    try:
+        await Runner(_Source(fleet(140, seed=9)[130:131]), second, [new], drain_s=5).run()
+    finally:
+        await new.close()
+    assert [(r.json()["event_action"], r.json()["dedup_key"]) for r in pd.accepted] == [
+        ("resolve", aid)]  # fmt: skip
+    assert "pagerduty" not in second.lifecycle.states[aid].delivery
