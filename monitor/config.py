@@ -174,13 +174,75 @@ class AlertSettings(_Frozen):
     change_lookback_s: float = Field(default=6 * 3600.0, gt=0)
 
 
-class AlertmanagerSettings(_Frozen):
+class DeliverySettings(_Frozen):
+    """How an HTTP sink delivers: its own bounded retry queue, drained by a background task."""
+
+    timeout_s: float = Field(default=5.0, gt=0, description="one request, connect to answer")
+    queue_max: int = Field(
+        default=1000, ge=1,
+        description="queued states beyond this drop the oldest firing ones (never an end)",
+    )  # fmt: skip
+    backoff_s: float = Field(default=1.0, gt=0, description="first retry delay")
+    backoff_max_s: float = Field(default=60.0, gt=0, description="retry delay doubles up to this")
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> DeliverySettings:
+        """The cap cannot be below the first delay."""
+        if self.backoff_max_s < self.backoff_s:
+            raise ValueError(
+                f"backoff_max_s ({self.backoff_max_s:g}) is below backoff_s ({self.backoff_s:g})"
+            )
+        return self
+
+
+class AlertmanagerSettings(DeliverySettings):
     """Prometheus Alertmanager sink (send to every instance, never through a balancer)."""
 
     urls: list[str] = Field(default_factory=list, description="every instance, e.g. http://am:9093")
-    timeout_s: float = Field(default=5.0, gt=0)
     resend_s: float = Field(default=60.0, gt=0, description="re-post firing alerts this often")
     external_url: str | None = Field(default=None, description="generatorURL base for alerts")
+
+
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+class PagerDutySettings(DeliverySettings):
+    """PagerDuty Events API v2 sink: on when `routing_key` is set."""
+
+    routing_key: SecretStr | None = Field(
+        default=None, description="the service's Events v2 integration key (a secret)"
+    )
+    url: str = Field(default=PAGERDUTY_EVENTS_URL, description="the Events v2 enqueue endpoint")
+    external_url: str | None = Field(
+        default=None, description="base of the incident page link: <external_url>/alerts/<id>"
+    )
+    runbook_base_url: str | None = Field(
+        default=None, description="prefix for the record's relative runbook path in links"
+    )
+    max_event_bytes: int = Field(
+        default=512_000, ge=4096, le=512_000,
+        description="event size bound (the API takes up to 512 KB); evidence is cut to fit",
+    )  # fmt: skip
+
+
+class WebhookSettings(DeliverySettings):
+    """Generic webhook sink: each alert record POSTed as JSON, signed with HMAC-SHA256."""
+
+    url: str | None = Field(default=None, description="where alert records are POSTed")
+    key: SecretStr | None = Field(default=None, description="HMAC-SHA256 signing key")
+    previous_key: SecretStr | None = Field(
+        default=None,
+        description="during a rotation: the old key; requests carry a signature by each key",
+    )
+
+    @model_validator(mode="after")
+    def _signed(self) -> WebhookSettings:
+        """An unsigned webhook is refused: receivers could not tell our posts from forgeries."""
+        if self.url and self.key is None:
+            raise ValueError("sinks.webhook.url needs sinks.webhook.key (the HMAC signing key)")
+        if self.previous_key is not None and self.key is None:
+            raise ValueError("sinks.webhook.previous_key needs sinks.webhook.key")
+        return self
 
 
 class SinkSettings(_Frozen):
@@ -190,9 +252,15 @@ class SinkSettings(_Frozen):
     console: bool = True
     jsonl_path: Path | None = None
     alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+    pagerduty: PagerDutySettings = PagerDutySettings()
+    webhook: WebhookSettings = WebhookSettings()
     retry_budget_s: float = Field(
         default=300.0, gt=0,
         description="a sink failing this long (retrying) fails /readyz",
+    )  # fmt: skip
+    drain_s: float = Field(
+        default=5.0, ge=0,
+        description="on a clean stop, wait this long for the HTTP sinks' queues to deliver",
     )  # fmt: skip
 
 
@@ -393,8 +461,10 @@ def masked_dump(settings: Settings) -> dict[str, Any]:
     data: dict[str, Any] = settings.model_dump(mode="json")
     am = data["sinks"]["alertmanager"]
     am["urls"] = [mask_url(u) for u in am["urls"]]
-    if am["external_url"]:
-        am["external_url"] = mask_url(am["external_url"])
+    for sink in (am, data["sinks"]["pagerduty"], data["sinks"]["webhook"]):
+        for field in ("url", "external_url", "runbook_base_url"):
+            if sink.get(field):
+                sink[field] = mask_url(sink[field])
     return data
 
 

@@ -59,10 +59,20 @@ class BrokerError(FlopwatchError, RuntimeError):
     """The embedded broker could not be started."""
 
 
-class AlertmanagerError(FlopwatchError, RuntimeError):
-    """An Alertmanager instance refused or could not be reached."""
+class SinkError(FlopwatchError, RuntimeError):
+    """A receiver could not take a delivery now (down, slow, 429, 5xx): retried later."""
 
     retriable = True
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s  # what the receiver asked for (Retry-After)
+
+
+class SinkRejected(SinkError):
+    """A receiver rejected the payload itself (4xx other than 408/429): never retried."""
+
+    retriable = False
 
 
 class IngestError(FlopwatchError, ValueError):

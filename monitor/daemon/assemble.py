@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
@@ -38,6 +39,9 @@ from monitor.sinks.jsonl import JsonlSink
 from monitor.sinks.kafka import KafkaSink
 from monitor.sources.base import Source
 from monitor.sources.kafka import KafkaSource
+
+if TYPE_CHECKING:
+    from monitor.sinks.http import Http
 
 DeadLetterFn = Callable[[Sequence[DeadLetter]], Awaitable[None]]
 
@@ -75,8 +79,11 @@ class Daemon:
     http: HttpServer | None = None
 
 
-def configured_sinks(settings: Settings, kafka_sink: KafkaSink | None) -> list[Sink]:
-    """The sinks `[sinks]` asks for (the Kafka one only where there is a broker)."""
+def configured_sinks(
+    settings: Settings, kafka_sink: KafkaSink | None, http: Http | None = None
+) -> list[Sink]:
+    """The sinks `[sinks]` asks for (the Kafka one only where there is a broker); the HTTP
+    ones share `http` (each makes its own without)."""
     s = settings.sinks
     out: list[Sink] = []
     if s.kafka and kafka_sink is not None:
@@ -85,11 +92,26 @@ def configured_sinks(settings: Settings, kafka_sink: KafkaSink | None) -> list[S
         out.append(ConsoleSink(link_base=s.alertmanager.external_url))
     if s.jsonl_path:
         out.append(JsonlSink(s.jsonl_path))
+    # The HTTP sinks load aiohttp: only where configured (replay and the demo need none).
     if s.alertmanager.urls:
-        from monitor.sinks.alertmanager import AlertmanagerSink  # noqa: PLC0415 - optional
+        from monitor.sinks.alertmanager import AlertmanagerSink  # noqa: PLC0415
 
-        out.append(AlertmanagerSink(s.alertmanager))
+        out.append(AlertmanagerSink(s.alertmanager, http))
+    if s.pagerduty.routing_key is not None:
+        from monitor.sinks.pagerduty import PagerDutySink  # noqa: PLC0415
+
+        out.append(PagerDutySink(s.pagerduty, http))
+    if s.webhook.url:
+        from monitor.sinks.webhook import WebhookSink  # noqa: PLC0415
+
+        out.append(WebhookSink(s.webhook, http))
     return out
+
+
+def wants_http(settings: Settings) -> bool:
+    """Whether `[sinks]` configures a sink that speaks HTTP."""
+    s = settings.sinks
+    return bool(s.alertmanager.urls or s.pagerduty.routing_key is not None or s.webhook.url)
 
 
 @contextlib.contextmanager
@@ -127,7 +149,8 @@ async def assemble(stack: AsyncExitStack, settings: Settings, wiring: Wiring) ->
     if wiring.source is not None:
         sinks = await _start_sinks(stack, settings, wiring, None)
         runner = Runner(wiring.source, pipeline, sinks, dead_letters=wiring.dead_letters,
-                        stop_when_idle=wiring.stop_when_idle)  # fmt: skip
+                        stop_when_idle=wiring.stop_when_idle,
+                        drain_s=settings.sinks.drain_s)  # fmt: skip
         _close_on_exit(stack, wiring.source)
         return Daemon(settings, wiring.source, pipeline, sinks, runner)
     return await _assemble_kafka(stack, settings, wiring, pipeline)
@@ -137,9 +160,17 @@ async def _start_sinks(
     stack: AsyncExitStack, settings: Settings, wiring: Wiring, kafka_sink: KafkaSink | None
 ) -> list[Sink]:
     """The wiring's sinks, or the configured ones, started (the Kafka one already is)."""
-    sinks = (
-        list(wiring.sinks) if wiring.sinks is not None else configured_sinks(settings, kafka_sink)
-    )
+    if wiring.sinks is not None:
+        sinks = list(wiring.sinks)
+    else:
+        # One HTTP client for every HTTP sink, closed after them (the stack unwinds LIFO).
+        http = None
+        if wants_http(settings):
+            from monitor.sinks.http import Http  # noqa: PLC0415 - see configured_sinks
+
+            http = Http()
+        _close_on_exit(stack, http)
+        sinks = configured_sinks(settings, kafka_sink, http)
     for sink in sinks:
         if sink is not kafka_sink:
             await _start(stack, sink)
@@ -201,7 +232,7 @@ async def _assemble_kafka(
     runner = Runner(source, pipeline, sinks,
                     dead_letters=wiring.dead_letters or kafka_sink.send_dead,
                     stop_when_idle=wiring.stop_when_idle, checkpointer=checkpointer,
-                    wall_clock=time.time)  # fmt: skip
+                    wall_clock=time.time, drain_s=settings.sinks.drain_s)  # fmt: skip
     daemon = Daemon(settings, source, pipeline, sinks, runner, checkpointer, rep)
     if wiring.http_host is not None:
         host = settings.http_host or wiring.http_host

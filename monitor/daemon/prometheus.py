@@ -13,7 +13,7 @@ friends, that the detectors watch.)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 
 from monitor import __version__
 from monitor.daemon.runner import Runner, sink_name
-from monitor.sinks.alertmanager import AlertmanagerSink
+from monitor.sinks.base import Sink
+from monitor.sinks.queue import DeliveryQueue
 
 if TYPE_CHECKING:
     from monitor.checkpoint import Checkpointer
@@ -294,7 +295,7 @@ class DaemonCollector(Collector):
             dead.add_metric([reason], n)
         yield dead
         sent = CounterMetricFamily("flopwatch_alerts_sent_total",
-                                   "Alert records acknowledged by each sink.",
+                                   "Alert records each sink took (the HTTP sinks: queued).",
                                    labels=["sink", "status"])  # fmt: skip
         for (sink, status), n in sorted(r.sent.items()):
             sent.add_metric([sink, status], n)
@@ -320,9 +321,11 @@ class DaemonCollector(Collector):
             labels=["sink"],
         )
         for s in r.sinks:
-            if isinstance(s, AlertmanagerSink):
-                unrendered.add_metric([sink_name(s)], s.failed_alerts)
+            failed = getattr(s, "failed_alerts", None)
+            if isinstance(failed, int):
+                unrendered.add_metric([sink_name(s)], failed)
         yield unrendered
+        yield from _queues(r.sinks)
         firing = GaugeMetricFamily(
             "flopwatch_alerts_firing",
             "Alerts whose last record sent by this process was firing.",
@@ -414,3 +417,28 @@ def register_metrics(
     registry.register(DaemonCollector(runner, source, checkpointer, ready, repartitioner))
     ProcessCollector(registry=registry)
     return registry
+
+
+def _queues(sinks: Sequence[Sink]) -> Iterator[Metric]:
+    """The HTTP sinks' delivery queues (an Alertmanager sink has one per instance)."""
+    depth = GaugeMetricFamily("flopwatch_sink_queue_depth",
+                              "Alert states queued for delivery, per sink.",
+                              labels=["sink"])  # fmt: skip
+    dropped = CounterMetricFamily("flopwatch_sink_dropped_total",
+                                  "Firing states dropped from a full queue (sinks.*.queue_max; "
+                                  "ends are never dropped).", labels=["sink"])  # fmt: skip
+    rejected = CounterMetricFamily("flopwatch_sink_rejected_total",
+                                   "Deliveries the receiver refused for good (HTTP 4xx but "
+                                   "408/429), not retried.", labels=["sink"])  # fmt: skip
+    for s in sinks:
+        queues = [q for q in (getattr(s, "queue", None), *getattr(s, "queues", {}).values())
+                  if isinstance(q, DeliveryQueue)]  # fmt: skip
+        if not queues:
+            continue
+        name = sink_name(s)
+        depth.add_metric([name], sum(len(q.items) for q in queues))
+        dropped.add_metric([name], sum(q.dropped for q in queues))
+        rejected.add_metric([name], sum(q.rejected for q in queues))
+    yield depth
+    yield dropped
+    yield rejected

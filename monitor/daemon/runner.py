@@ -49,6 +49,9 @@ class Runner:
     retry_s: float = 0.5  # first back-off of a failing sink; doubles up to 30 s
     # Told of every batch of alerts once all sinks took it (the live incident pages).
     on_sent: Callable[[Sequence[Alert]], None] | None = None
+    # Clean stop: how long queued sinks (`flush`) may take to deliver before the last
+    # checkpoint, which then records what they still owe.
+    drain_s: float = 5.0
     _adopted: set[str] = field(default_factory=set)  # alert ids whose delivery state was handed
 
     async def run(self) -> None:
@@ -65,8 +68,9 @@ class Runner:
                 if self.stop.is_set():
                     break
             # Clean stop: everything delivered was processed, acknowledged and committed.
+            await self._drain(log)
+            self._keep_delivery()
             if self.checkpointer is not None:
-                self._keep_delivery()
                 await self.checkpointer.save()
         finally:
             # Release the batch (and the source's rebalance lock) before the source closes.
@@ -89,6 +93,17 @@ class Runner:
                 self.on_sent(alerts)
             except Exception as exc:  # a page must never stop alerting
                 log.exception("alert pages not updated", error=repr(exc))
+
+    async def _drain(self, log: FilteringBoundLogger) -> None:
+        """Give the queued sinks `drain_s` to deliver what they hold (all at once)."""
+        flushes = [(sink_name(s), f) for s in self.sinks if (f := getattr(s, "flush", None))]
+        if not flushes:
+            return
+        done = await asyncio.gather(*(f(self.drain_s) for _, f in flushes))
+        left = [name for (name, _), ok in zip(flushes, done, strict=True) if not ok]
+        if left:
+            log.warning("stopping with undelivered alerts queued (kept in the checkpoint "
+                        "where they end a page)", sinks=left)  # fmt: skip
 
     def _adopt_delivery(self) -> None:
         """Hand the sinks what restored alert states say is open at them (once per id)."""

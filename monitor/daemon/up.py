@@ -127,12 +127,11 @@ def _announce_http(daemon: Daemon, settings: Settings) -> None:
 
 
 async def _in_process(args: argparse.Namespace, settings: Settings, simulation: Simulation) -> int:
-    """Simulator → pipeline → console, with no broker in between."""
+    """Simulator → pipeline → the configured sinks (the console by default; Kafka's needs
+    a broker), with no broker in between."""
     source = SimulatorSource(simulation, settings.kafka.topics, speed=args.speed)
     async with AsyncExitStack() as stack:
-        daemon = await assemble(
-            stack, settings, Wiring(source=source, sinks=[ConsoleSink()], http_host=None)
-        )
+        daemon = await assemble(stack, settings, Wiring(source=source, http_host=None))
         _say(f"in process, scenario {args.scenario}, {args.devices} devices")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run_daemon(daemon, stack), args.duration)

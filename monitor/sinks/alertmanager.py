@@ -5,7 +5,9 @@ Alertmanager identifies an alert by its label set and auto-resolves it after
 every `resend_s`; a resolved incident is posted once more with `endsAt`. When
 an alert's labels change (severity or scope grew), the old label set is
 resolved so on-call never sees two copies of one incident. HA: send to every
-instance, never through a load balancer (Alertmanager docs).
+instance, never through a load balancer (Alertmanager docs). Each instance has
+its own delivery queue (`monitor/sinks/queue.py`), so a slow or dead one delays
+neither the pipeline nor the others.
 
 What may be open in Alertmanager (label sets posted firing, ends not yet accepted) is
 `delivery_state()`; the runner keeps it in the checkpoint, and a restarted or new
@@ -17,17 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from monitor.config import AlertmanagerSettings, mask_url
-from monitor.errors import AlertmanagerError
 from monitor.log import get_logger
+from monitor.sinks.http import Http
+from monitor.sinks.queue import Deliver, DeliveryQueue, Item
 from monitor.wire import Alert
 
 ALERTNAME = "FlopwatchRegression"
@@ -102,39 +101,44 @@ def _ending(labels: dict[str, str], starts_at: str, now: float) -> dict[str, Any
 class AlertmanagerSink:
     """Posts alerts to every configured Alertmanager and keeps firing ones alive.
 
-    Firing alerts are re-posted every `resend_s`, which also repairs a failed post. What
-    ends an alert (a resolve, or the old label set of one whose labels changed) is posted
-    once, so a failed one is kept per instance and retried with backoff until that
-    instance accepts it: otherwise a page outlives its incident until Alertmanager's
-    `resolve_timeout`, or forever while an old label set is re-posted by nobody.
+    Firing alerts are re-posted every `resend_s`, which also repairs a dropped or failed
+    post. What ends an alert (a resolve, or the old label set of one whose labels changed)
+    is posted once, so it stays queued per instance until that instance accepts it:
+    otherwise a page outlives its incident until Alertmanager's `resolve_timeout`, or
+    forever while an old label set is re-posted by nobody.
     """
 
-    def __init__(self, settings: AlertmanagerSettings) -> None:
+    def __init__(self, settings: AlertmanagerSettings, http: Http | None = None) -> None:
         self.settings = settings
         self.log = get_logger("sink.alertmanager")
+        self.http = http or Http()
+        self._own_http = http is None
         self.active: dict[str, Alert] = {}
-        # By alert id: the label set posted firing, and its startsAt.
+        # By alert id: the label set posted (or queued) firing, and its startsAt.
         self._posted_labels: dict[str, dict[str, str]] = {}
         self._starts: dict[str, str] = {}
-        # Per instance: ending posts not accepted yet, by (alert id, labels); retry timing.
-        self.pending: dict[str, dict[tuple[str, str], dict[str, Any]]] = {
-            url: {} for url in settings.urls
+        # Per instance: posts not accepted yet, by (alert id, labels), oldest first.
+        self.queues = {
+            url: DeliveryQueue(
+                self._deliverer(url), settings, f"alertmanager {mask_url(url)}", batch_max=None
+            )
+            for url in settings.urls
         }
-        # Per instance: monotonic time of the first failed post since the last accepted one.
-        self._down: dict[str, float] = {}
         self.failed_alerts = 0  # alerts that could not be rendered (logged, skipped)
-        self._retry_at: dict[str, float] = {}
-        self._backoff: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> dict[str, dict[Any, Item]]:
+        """Per instance: what it has not accepted yet."""
+        return {url: q.items for url, q in self.queues.items()}
 
     async def start(self) -> None:
         """Start the background re-send loop."""
         self._task = asyncio.create_task(self._resend_loop())
 
     async def send(self, alerts: Sequence[Alert]) -> None:
-        """Post new states now; remember firing ones for re-sending."""
+        """Queue the new states for every instance; remember firing ones for re-sending."""
         now = datetime.now(tz=UTC).timestamp()
-        batch: list[dict[str, Any]] = []
         for a in alerts:
             try:
                 new = labels_of(a)
@@ -150,10 +154,8 @@ class AlertmanagerSink:
             old = self._posted_labels.get(a.id)
             if old is not None and old != new:
                 # Labels changed: end the old series so it does not linger as a duplicate.
-                batch.append(_ending(old, self._starts.get(a.id, body["startsAt"]), now))
-            for queue in self.pending.values():  # a newer state of the same labels wins
-                queue.pop(_key(new), None)
-            batch.append(body)
+                self._put(_ending(old, self._starts.get(a.id, body["startsAt"]), now))
+            self._put(body)  # a newer state of the same labels replaces a queued one
             if a.status == "resolved":
                 self.active.pop(a.id, None)
                 self._posted_labels.pop(a.id, None)
@@ -162,10 +164,15 @@ class AlertmanagerSink:
                 self.active[a.id] = a
                 self._posted_labels[a.id] = new
                 self._starts[a.id] = body["startsAt"]
-        if batch:
-            failed = await self._post_all(batch) or []
-            for url in failed:
-                self._keep(url, [b for b in batch if "endsAt" in b])
+
+    def _put(self, body: dict[str, Any]) -> None:
+        for queue in self.queues.values():
+            queue.put(_key(body["labels"]), Item(body, ending="endsAt" in body))
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Try every instance's queue now; True once all are empty (see DeliveryQueue)."""
+        done = await asyncio.gather(*(q.flush(timeout_s) for q in self.queues.values()))
+        return all(done)
 
     def delivery_state(self) -> dict[str, dict[str, list[str]]]:
         """By alert id: each label set that may be open in Alertmanager (JSON, sorted keys)
@@ -175,9 +182,11 @@ class AlertmanagerSink:
             out.setdefault(aid, {})[json.dumps(labels, sort_keys=True)] = [
                 "firing", self._starts.get(aid, "")
             ]  # fmt: skip
-        for queue in self.pending.values():
-            for (aid, key), item in queue.items():
-                out.setdefault(aid, {})[key] = ["ending", str(item.get("startsAt", ""))]
+        for queue in self.queues.values():
+            for item in queue.items.values():
+                if item.ending:
+                    aid, key = _key(item.body["labels"])
+                    out.setdefault(aid, {})[key] = ["ending", str(item.body.get("startsAt", ""))]
         return out
 
     def adopt(self, aid: str, entries: dict[str, list[str]]) -> None:
@@ -194,33 +203,16 @@ class AlertmanagerSink:
                     self._posted_labels[aid] = labels
                     self._starts[aid] = starts_at
                 elif self._posted_labels[aid] != labels:  # this process posted another
-                    for url in self.settings.urls:
-                        self._keep(url, [_ending(labels, starts_at, now)])
+                    self._put(_ending(labels, starts_at, now))
             else:
-                for url in self.settings.urls:
-                    self._keep(url, [_ending(labels, starts_at, now)])
+                self._put(_ending(labels, starts_at, now))
 
     def failing_since(self) -> float | None:
         """Monotonic time since which every instance has refused posts (None: one takes them)."""
-        urls = self.settings.urls
-        if not urls or any(u not in self._down for u in urls):
+        since = [q.failing_since for q in self.queues.values()]
+        if not since or any(t is None for t in since):
             return None
-        return max(self._down[u] for u in urls)
-
-    def _keep(self, url: str, ending: list[dict[str, Any]]) -> None:
-        """Queue ending posts an instance did not accept, and schedule its retry."""
-        if not ending:
-            return
-        queue = self.pending.setdefault(url, {})
-        for item in ending:
-            key = (
-                item["labels"].get("flopwatch_id", ""),
-                json.dumps(item["labels"], sort_keys=True),
-            )
-            queue[key] = item
-        if url not in self._retry_at:
-            self._backoff[url] = min(1.0, self.settings.resend_s)
-            self._retry_at[url] = time.monotonic() + self._backoff[url]
+        return max(t for t in since if t is not None)
 
     def forget(self, ids: Sequence[str]) -> None:
         """Stop re-posting these alerts (another member owns their incidents now); nothing
@@ -230,83 +222,32 @@ class AlertmanagerSink:
             self._posted_labels.pop(aid, None)
             self._starts.pop(aid, None)
 
-    async def _post_all(self, batch: list[dict[str, Any]]) -> list[str]:
-        """Post to every instance at once; the URLs that failed."""
-        urls = self.settings.urls
-        results = await asyncio.gather(
-            *(asyncio.to_thread(self._post, url, batch) for url in urls), return_exceptions=True
-        )
-        failed = []
-        for url, res in zip(urls, results, strict=True):
-            if isinstance(res, Exception):
-                failed.append(url)
-                self._down.setdefault(url, time.monotonic())
-                self.log.warning("alertmanager post failed", url=mask_url(url), error=str(res))
-            else:
-                self._down.pop(url, None)
-        return failed
+    def _deliverer(self, url: str) -> Deliver:
+        async def deliver(items: list[Item]) -> None:
+            await self._post(url, [i.body for i in items])
 
-    async def _retry(self, url: str) -> None:
-        """Post an instance's queued ending posts again; back off while it refuses them."""
-        queue = self.pending.get(url, {})
-        items = list(queue.values())
-        try:
-            await asyncio.to_thread(self._post, url, items)
-        except AlertmanagerError as exc:
-            self._down.setdefault(url, time.monotonic())
-            self._backoff[url] = min(2 * self._backoff[url], max(self.settings.resend_s, 1.0))
-            jitter = 1.0 + 0.1 * random.random()  # noqa: S311 - spreading retries, not secrets
-            self._retry_at[url] = time.monotonic() + self._backoff[url] * jitter
-            self.log.warning("alertmanager retry failed", url=mask_url(url), pending=len(items),
-                             error=str(exc))  # fmt: skip
-            return
-        self._down.pop(url, None)
-        for item in items:
-            key = (
-                item["labels"].get("flopwatch_id", ""),
-                json.dumps(item["labels"], sort_keys=True),
-            )
-            if queue.get(key) is item:
-                del queue[key]
-        if not queue:
-            self._retry_at.pop(url, None)
+        return deliver
 
-    def _post(self, url: str, batch: list[dict[str, Any]]) -> None:
-        data = json.dumps(batch).encode()
-        req = urllib.request.Request(  # noqa: S310 - URL comes from operator config
-            url.rstrip("/") + "/api/v2/alerts",
-            data=data,
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.settings.timeout_s) as resp:  # noqa: S310
-                resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
-            raise AlertmanagerError(f"HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise AlertmanagerError(str(exc)) from None
+    async def _post(self, url: str, batch: list[dict[str, Any]]) -> None:
+        await self.http.post(url.rstrip("/") + "/api/v2/alerts", json.dumps(batch).encode(),
+                             {"Content-Type": "application/json"},
+                             self.settings.timeout_s)  # fmt: skip
 
     async def _resend_loop(self) -> None:
-        next_resend = time.monotonic() + self.settings.resend_s
+        ext = self.settings.external_url
         while True:
-            wake = min([next_resend, *self._retry_at.values()])
-            await asyncio.sleep(max(0.0, wake - time.monotonic()))
-            now = time.monotonic()
-            for url in [u for u, at in self._retry_at.items() if at <= now]:
-                await self._retry(url)
-            if now >= next_resend:
-                next_resend = now + self.settings.resend_s
-                if self.active:
-                    ext = self.settings.external_url
-                    await self._post_all(
-                        [to_postable(a, external_url=ext) for a in self.active.values()]
-                    )
+            await asyncio.sleep(self.settings.resend_s)
+            for a in list(self.active.values()):
+                self._put(to_postable(a, external_url=ext))
 
     async def close(self) -> None:
-        """Stop re-sending (firing alerts stay until Alertmanager's resolve_timeout)."""
+        """Stop re-sending and delivering (firing alerts stay until Alertmanager's
+        resolve_timeout); the client is closed only if this sink made it."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for queue in self.queues.values():
+            await queue.close()
+        if self._own_http:
+            await self.http.close()

@@ -41,7 +41,8 @@ CRD_KINDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication"}
 KUBE_VERSIONS = ("1.25.0", kv.latest_version())
 
 # Everything on: several replicas, SASL over TLS with secrets, a config file, KEDA, a
-# ServiceMonitor, Alertmanager, detector overrides and an extra variable.
+# ServiceMonitor, Alertmanager, PagerDuty, a signed webhook, detector overrides and an
+# extra variable.
 ALL_ON: dict[str, Any] = {
     "replicaCount": 3,
     "kafka": {
@@ -61,6 +62,10 @@ ALL_ON: dict[str, Any] = {
         "urls": ["http://alertmanager-0.am:9093", "http://alertmanager-1.am:9093"],
         "externalUrl": "https://grafana.example/d/flopwatch",
     },
+    "pagerduty": {"existingSecret": "fw-pagerduty", "externalUrl": "https://fw.example",
+                  "runbookBaseUrl": "https://git.example/flopwatch/"},
+    "webhook": {"url": "https://hooks.example/flopwatch", "existingSecret": "fw-webhook",
+                "keyKey": "hmac", "previousKeyKey": "hmac-old"},
     "sinks": {"kafka": True, "console": False},
     "detector": {"kind": "cusum", "h": 12.5},
     "log": {"format": "json", "level": "debug"},
@@ -390,8 +395,10 @@ def test_grace_period_covers_shutdown(rendered: dict[str, list[Manifest]]) -> No
     for docs in rendered.values():
         grace = pod_spec(docs)["terminationGracePeriodSeconds"]
         assert grace >= 30
-        timeout = Settings.model_fields["sinks"].default.alertmanager.timeout_s
-        assert grace > 4 * timeout
+        sinks = Settings.model_fields["sinks"].default
+        timeout = max(sinks.alertmanager.timeout_s, sinks.pagerduty.timeout_s,
+                      sinks.webhook.timeout_s)  # fmt: skip
+        assert grace > sinks.drain_s + 4 * timeout
 
 
 # -- consistency with monitor.config ---------------------------------------------------------
@@ -470,7 +477,8 @@ def test_the_memory_limit_holds_the_stream_caps(rendered: dict[str, list[Manifes
 def test_all_on_values_load_into_settings(
     rendered: dict[str, list[Manifest]], clean_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """SASL/TLS secrets, Alertmanager, detector, config file and extraEnv all arrive."""
+    """SASL/TLS secrets, Alertmanager, PagerDuty, webhook, detector, config file and
+    extraEnv all arrive."""
     docs = rendered["all_on"]
     s, _ = settings_from_pod(docs, clean_env, tmp_path)
     k = s.kafka
@@ -490,6 +498,17 @@ def test_all_on_values_load_into_settings(
     am = s.sinks.alertmanager
     assert am.urls == ALL_ON["alertmanager"]["urls"]
     assert am.external_url == ALL_ON["alertmanager"]["externalUrl"]
+    pd = s.sinks.pagerduty
+    assert pd.routing_key is not None
+    assert pd.routing_key.get_secret_value() == "secret:fw-pagerduty/routing-key"
+    assert (pd.external_url, pd.runbook_base_url) == (
+        "https://fw.example", "https://git.example/flopwatch/")  # fmt: skip
+    hook = s.sinks.webhook
+    assert hook.url == "https://hooks.example/flopwatch"
+    assert hook.key is not None
+    assert hook.key.get_secret_value() == "secret:fw-webhook/hmac"
+    assert hook.previous_key is not None
+    assert hook.previous_key.get_secret_value() == "secret:fw-webhook/hmac-old"
     assert (s.detector.kind, s.detector.h) == ("cusum", 12.5)
     assert s.log_level == "debug"
     assert s.alerts.group_window_s == 120.0  # from the mounted TOML file
@@ -521,7 +540,7 @@ def test_secrets_are_never_inline(rendered: dict[str, list[Manifest]]) -> None:
             assert len(base64.b64decode(secret["data"]["key"])) == 64
         for item in daemon(docs)["env"]:
             name = item["name"]
-            if any(w in name for w in ("PASSWORD", "SECRET", "TOKEN")) or name.endswith("__KEY"):
+            if any(w in name for w in ("PASSWORD", "SECRET", "TOKEN")) or name.endswith("_KEY"):
                 assert "secretKeyRef" in item.get("valueFrom", {}), name
 
 
@@ -554,6 +573,7 @@ def test_values_schema_enums_match_settings(chart: helm.Chart) -> None:
         ({"kafka": {"securityProtocol": "SASL_SSL"}}, "existingSecret"),
         ({"kafka": {"bootstrapServers": ""}}, "bootstrapServers"),
         ({"kafka": {"tls": {"keyKey": "tls.key"}}}, "existingSecret"),
+        ({"webhook": {"url": "https://hooks.example/x"}}, "webhook.existingSecret"),
     ],
 )
 def test_misconfiguration_fails_at_render(

@@ -35,6 +35,7 @@ async def test_firing_then_resolved_reaches_oncall(alertmanager: Alertmanager) -
     await sink.start()
     try:
         await sink.send(firing)
+        assert await sink.flush(10)
         stored = [a for a in alertmanager.alerts(active="true")
                   if a["labels"].get("flopwatch_id") == firing[0].id]  # fmt: skip
         assert len(stored) == 1, stored
@@ -50,6 +51,7 @@ async def test_firing_then_resolved_reaches_oncall(alertmanager: Alertmanager) -
             )
         )
         await sink.send(resolved)
+        assert await sink.flush(10)
         alertmanager.receiver.wait_for(
             lambda p: (
                 p["status"] == "resolved" and p["commonLabels"].get("flopwatch_id") == firing[0].id
@@ -69,6 +71,7 @@ async def test_unreachable_instance_does_not_block_the_others(alertmanager: Aler
     sink = AlertmanagerSink(AlertmanagerSettings(
         urls=["http://127.0.0.1:9", alertmanager.url], timeout_s=2, resend_s=3600))  # fmt: skip
     await sink.send(firing)
+    await sink.flush(10)
     ids = {a["labels"].get("flopwatch_id") for a in alertmanager.alerts()}
     assert firing[0].id in ids
     await sink.close()
@@ -90,6 +93,7 @@ async def test_a_new_owner_ends_the_label_set_the_old_one_left_open(
     page = msgspec.structs.replace(first, id="fw-adopt-labels")
     old = AlertmanagerSink(AlertmanagerSettings(urls=[alertmanager.url], resend_s=3600))
     await old.send([page])
+    assert await old.flush(10)
     kept = old.delivery_state()
     await old.close()  # a crash: nothing ends the page
     assert [json.loads(k) for k in kept[page.id]] == [labels_of(page)]
@@ -97,6 +101,7 @@ async def test_a_new_owner_ends_the_label_set_the_old_one_left_open(
     new = AlertmanagerSink(AlertmanagerSettings(urls=[alertmanager.url], resend_s=3600))
     new.adopt(page.id, kept[page.id])
     await new.send([ticket])
+    assert await new.flush(10)
     assert _open_label_sets(alertmanager, page.id) == [labels_of(ticket)]
     await new.close()
 
@@ -110,6 +115,7 @@ async def test_an_end_left_unaccepted_is_posted_by_the_new_owner(
     page = msgspec.structs.replace(first, id="fw-adopt-ending")
     old = AlertmanagerSink(AlertmanagerSettings(urls=[alertmanager.url], resend_s=3600))
     await old.send([page])
+    assert await old.flush(10)
     await old.close()
     assert _open_label_sets(alertmanager, page.id) == [labels_of(page)]
     starts = old.delivery_state()[page.id]

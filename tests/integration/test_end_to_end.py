@@ -76,27 +76,69 @@ def test_flopwatch_up_prints_the_alert_and_exits() -> None:
     assert "train-b" not in out.stdout
 
 
+class _Receiver:
+    """A threaded local HTTP server keeping every POST (path, headers, body); answers 202."""
+
+    def __init__(self) -> None:
+        import http.server  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        self.posts: list[tuple[str, dict[str, str], bytes]] = []
+        posts = self.posts
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                posts.append((self.path, dict(self.headers), body))
+                self.send_response(202)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_flopwatch_up_honours_sinks_and_repartition(tmp_path) -> None:
     """`up` is `run`'s daemon: `[sinks]` and `kafka.repartition` apply to it as well.
 
     With repartition on, the group reads the by-pool copy, so an alert proves the copy
-    stage ran; the JSONL sink receives it and console output is off as configured.
+    stage ran; the JSONL sink receives it, console output is off as configured, and
+    Alertmanager, PagerDuty and the signed webhook each get the page.
     """
+    import hashlib  # noqa: PLC0415
+    import hmac  # noqa: PLC0415
     import json  # noqa: PLC0415
     import os  # noqa: PLC0415
 
     jsonl = tmp_path / "alerts.jsonl"
+    am, pd, hook = _Receiver(), _Receiver(), _Receiver()
     env = {
         **os.environ,
         "FLOPWATCH_KAFKA__REPARTITION": "true",
         "FLOPWATCH_SINKS__JSONL_PATH": str(jsonl),
         "FLOPWATCH_SINKS__CONSOLE": "false",
+        "FLOPWATCH_SINKS__ALERTMANAGER__URLS": json.dumps([am.url]),
+        "FLOPWATCH_SINKS__PAGERDUTY__ROUTING_KEY": "k" * 32,
+        "FLOPWATCH_SINKS__PAGERDUTY__URL": f"{pd.url}/v2/enqueue",
+        "FLOPWATCH_SINKS__WEBHOOK__URL": f"{hook.url}/hook",
+        "FLOPWATCH_SINKS__WEBHOOK__KEY": "webhook-key",
     }
-    out = subprocess.run(
-        [sys.executable, "-m", "monitor", "up", "--devices", "64", "--speed", "max",
-         "--sim-duration", "15m", "--log-format", "json"],
-        capture_output=True, text=True, timeout=240, env=env,
-    )  # fmt: skip
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "monitor", "up", "--devices", "64", "--speed", "max",
+             "--sim-duration", "15m", "--log-format", "json"],
+            capture_output=True, text=True, timeout=240, env=env,
+        )  # fmt: skip
+    finally:
+        for r in (am, pd, hook):
+            r.close()
     assert out.returncode == 0, out.stderr[-2000:]
     assert "re-keyed by pool" in out.stderr
     assert not [line for line in out.stdout.splitlines() if line.startswith("[FIRING")]
@@ -105,3 +147,16 @@ def test_flopwatch_up_honours_sinks_and_repartition(tmp_path) -> None:
     assert firing, out.stderr[-2000:]
     assert firing[-1]["scope"]["pool"] == "train-a"
     assert firing[-1]["suggestion"]["action"] == "rollback"
+    ids = {a["id"] for a in firing}
+    posted = [a for path, _, body in am.posts for a in json.loads(body)]
+    assert {path for path, _, _ in am.posts} == {"/api/v2/alerts"}
+    assert {a["labels"]["flopwatch_id"] for a in posted} == ids
+    events = [json.loads(body) for _, _, body in pd.posts]
+    assert {e["dedup_key"] for e in events} == ids
+    assert {e["event_action"] for e in events} <= {"trigger", "resolve"}
+    assert hook.posts
+    for _, headers, body in hook.posts:
+        ts = headers["X-Flopwatch-Timestamp"]
+        mac = hmac.new(b"webhook-key", ts.encode() + b"." + body, hashlib.sha256).hexdigest()
+        assert headers["X-Flopwatch-Signature"] == f"v1={mac}"
+    assert {json.loads(body)["id"] for _, _, body in hook.posts} == ids

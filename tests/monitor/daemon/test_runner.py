@@ -177,11 +177,10 @@ def _recording_am(posted: list[list[dict]]) -> AlertmanagerSink:
     """An Alertmanager sink whose posts are recorded instead of sent (all accepted)."""
     sink = AlertmanagerSink(AlertmanagerSettings(urls=["http://127.0.0.1:9"], resend_s=3600))
 
-    async def record(batch: list[dict]) -> list[str]:
+    async def record(url: str, batch: list[dict]) -> None:
         posted.append(batch)
-        return []
 
-    sink._post_all = record  # type: ignore[method-assign]
+    sink._post = record  # type: ignore[method-assign]
     return sink
 
 

@@ -25,12 +25,12 @@ async def test_forgotten_alerts_are_no_longer_re_posted() -> None:
     posted: list[list[dict[str, Any]]] = []
     reposted = asyncio.Event()
 
-    async def record(batch: list[dict[str, Any]]) -> None:
+    async def record(url: str, batch: list[dict[str, Any]]) -> None:
         posted.append(batch)
         if len(posted) >= 3:  # the first post and two re-posts
             reposted.set()
 
-    sink._post_all = record  # type: ignore[method-assign]
+    sink._post = record  # type: ignore[method-assign]
     await sink.start()
     try:
         await sink.send(firing)
@@ -119,14 +119,17 @@ async def test_failing_since_only_while_every_instance_refuses() -> None:
     try:
         assert sink.failing_since() is None
         await sink.send(alerts[-1:])
+        assert not await sink.flush(5)  # tried once, refused
         since = sink.failing_since()
         assert since is not None
         runner = Runner(_NoSource(), p, [sink])
         assert runner.sink_failing()["alertmanager"] >= 0
         await sink.send(alerts[-1:])
+        await sink.flush(5)
         assert sink.failing_since() == since  # still down: failing since the first refusal
         am.down = False
         await sink.send(alerts[-1:])
+        assert await sink.flush(5)
         assert sink.failing_since() is None
         assert runner.sink_failing() == {}
     finally:
