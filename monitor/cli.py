@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="records per batch (default: kafka.max_batch_records)")  # fmt: skip
 
     rec = sub.add_parser("record", parents=[common], help="capture topics to a recording")
-    rec.add_argument("--out", type=Path, required=True, help=".jsonl or .jsonl.gz")
+    rec.add_argument("--out", type=Path, required=True, help=".jsonl, .jsonl.gz or .jsonl.zst")
     rec.add_argument("--topic", action="append", help="default: the samples and changes topics")
     rec.add_argument("--max-records", type=int, default=None)
     rec.add_argument("--idle-timeout", type=_duration, default=5.0,

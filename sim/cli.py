@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compress the recording (default on)",
     )
     parser.add_argument(
+        "--zstd", action="store_true", help="compress with zstd instead: <scenario>.jsonl.zst"
+    )
+    parser.add_argument(
         "--speed", default="max", help="Kafka pacing: max, 1 (real time) or a factor like 60"
     )
     parser.add_argument("--samples-topic", default="flopwatch.samples")
@@ -94,7 +97,8 @@ async def main(args: argparse.Namespace) -> int:
     sim = _build(args)
     t0 = time.monotonic()
     if args.out is not None:
-        path = Path(args.out) / f"{sim.scenario.name}.jsonl{'.gz' if args.gzip else ''}"
+        suffix = ".zst" if args.zstd else ".gz" if args.gzip else ""
+        path = Path(args.out) / f"{sim.scenario.name}.jsonl{suffix}"
         n = write_recording(sim, path)
         sys.stdout.write(
             f"wrote {n} records, {len(sim.plan.changes)} change events to {path} "

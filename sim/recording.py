@@ -1,4 +1,4 @@
-"""Recordings: records and change events as JSON lines (optionally gzip), plus labels.json."""
+"""Recordings: records and change events as JSON lines (optionally gzip or zstd), plus labels."""
 
 from __future__ import annotations
 
@@ -8,24 +8,25 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
+import zstandard
+
 from sim.run import Simulation
 
 
 def labels_path(path: Path) -> Path:
-    """`<stem>.labels.json` next to a `.jsonl` / `.jsonl.gz` recording."""
+    """`<stem>.labels.json` next to a `.jsonl` / `.jsonl.gz` / `.jsonl.zst` recording."""
     name = path.name
-    for suffix in (".jsonl.gz", ".jsonl"):
+    for suffix in (".jsonl.gz", ".jsonl.zst", ".jsonl"):
         if name.endswith(suffix):
             return path.with_name(name[: -len(suffix)] + ".labels.json")
-    raise ValueError(f"recording path must end in .jsonl or .jsonl.gz: {path}")
+    raise ValueError(f"recording path must end in .jsonl, .jsonl.gz or .jsonl.zst: {path}")
 
 
 def write_recording(sim: Simulation, path: Path) -> int:
     """Write every window record and change event in event-time order; returns records written.
 
-    Change events go before the window records of the window they landed in, so a
-    replay sees a deploy before the regression it causes. Labels are written last
-    (after the run, so dirty-stream counts are final).
+    Each window's lines are `SimWindow.lines()`. Labels are written last (after the
+    run, so dirty-stream counts are final).
     """
     path = Path(path)
     lpath = labels_path(path)
@@ -36,12 +37,14 @@ def write_recording(sim: Simulation, path: Path) -> int:
         if path.name.endswith(".gz"):
             # mtime=0 keeps the bytes identical across runs; level 3 is ~2x faster than 6
             fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3)
+        elif path.name.endswith(".zst"):
+            # closefd=False: `raw` is closed by its own `with`.
+            fh = zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False)
         with fh:
             # zlib releases the GIL: window k compresses while window k+1 is simulated
             pending: Future[int] | None = None
             for win in sim.windows():
-                lines = [v for _, v in win.changes]
-                lines += [v for _, v in win.records]
+                lines = win.lines()
                 n += len(win.records)
                 if not lines:
                     continue
