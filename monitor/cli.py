@@ -1,4 +1,4 @@
-"""The `flopwatch` command: up, run, sim, replay, record, ingest, detect, schema, config."""
+"""The `flopwatch` command: up, run, sim, replay, test, record, ingest, detect, schema, config."""
 
 from __future__ import annotations
 
@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--dead-letters", type=Path, help="write rejected lines with reasons here")
     rp.add_argument("--batch-size", type=int, default=None,
                     help="records per batch (default: kafka.max_batch_records)")  # fmt: skip
+
+    ts = sub.add_parser("test", parents=[common],
+                        help="replay spec files and check what must (not) page")  # fmt: skip
+    from monitor.spec.cli import add_arguments as add_test  # noqa: PLC0415
+
+    add_test(ts)
 
     rec = sub.add_parser("record", parents=[common], help="capture topics to a recording")
     rec.add_argument("--out", type=Path, required=True, help=".jsonl, .jsonl.gz or .jsonl.zst")
@@ -208,7 +214,16 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         sim_code: int = asyncio.run(sim_main(args))
         return sim_code
-    # The daemon commands load aiokafka and the engine: only when one is asked for.
+    if cmd == "test":
+        from monitor.spec.cli import main as test_main  # noqa: PLC0415
+
+        return test_main(args, settings)
+    return _daemon_command(args, settings)
+
+
+def _daemon_command(args: argparse.Namespace, settings: Settings) -> int:
+    """The daemon commands load aiokafka and the engine: only when one is asked for."""
+    cmd = args.command
     if cmd == "replay":
         from monitor.daemon.replay import replay  # noqa: PLC0415
 
