@@ -108,8 +108,13 @@ def apply_config(base: Settings, overrides: dict[str, Any]) -> Settings:
 
 
 def prepare(path: Path, base: Settings) -> Prepared:
-    """Load and check a spec and everything it names, before anything runs."""
-    spec = load_spec(path)
+    """Load and check a spec file and everything it names, before anything runs."""
+    return prepare_spec(load_spec(path), path, base)
+
+
+def prepare_spec(spec: Spec, path: Path, base: Settings) -> Prepared:
+    """Check what `spec` names (a recording relative to `path`'s folder, a scenario, the
+    configuration) and make it ready to run; UsageError names `path` and the field."""
     try:
         settings = apply_config(base, spec.config)
     except UsageError as exc:
@@ -335,7 +340,7 @@ def _table(rows: list[tuple[str, str, str, str]]) -> str:
     )
 
 
-def _expect(
+def expect(
     exp: ExpectAlert, i: int, run: Replayed, incs: list[Incident], claimed: set[str]
 ) -> Outcome:
     """Claim the first unclaimed incident that meets `exp`, or say what came nearest."""
@@ -366,7 +371,7 @@ def _expect(
     )
 
 
-def _quiet(q: Quiet, i: int, run: Replayed) -> Outcome:
+def quiet(q: Quiet, i: int, run: Replayed) -> Outcome:
     """No incident of `q.severity` or worse (in `q.pool`) detected within the interval.
 
     Detection time, not the record's send time: a replay sends at the end of each batch,
@@ -407,8 +412,8 @@ def judge(spec: Spec, run: Replayed) -> list[Outcome]:
     """Every expectation of `spec` checked against the replay."""
     incs = incidents(run.alerts)
     claimed: set[str] = set()
-    out = [_expect(exp, i, run, incs, claimed) for i, exp in enumerate(spec.alerts)]
-    out += [_quiet(q, i, run) for i, q in enumerate(spec.quiet)]
+    out = [expect(exp, i, run, incs, claimed) for i, exp in enumerate(spec.alerts)]
+    out += [quiet(q, i, run) for i, q in enumerate(spec.quiet)]
     if spec.unexpected == "fail":
         extra = [inc for inc in incs if inc.id not in claimed]
         lines = [f"    {describe(inc.firing[-1], run.start_ts, inc.state)}" for inc in extra]

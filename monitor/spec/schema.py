@@ -101,7 +101,7 @@ class Spec(_Strict):
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 
 
-def _reason(exc: msgspec.ValidationError) -> str:
+def spec_reason(exc: msgspec.ValidationError) -> str:
     """msgspec's message as `path: what` (`alerts[0].severty: unknown field`)."""
     msg = str(exc)
     m = _AT.search(msg)
@@ -141,12 +141,12 @@ def parse_spec(text: str | bytes, where: str = "spec") -> Spec:
     try:
         spec = msgspec.convert(_plain(raw), Spec)
     except msgspec.ValidationError as exc:
-        raise UsageError(f"{where}: {_reason(exc)}") from None
-    _check(spec, where)
+        raise UsageError(f"{where}: {spec_reason(exc)}") from None
+    check_spec(spec, where)
     return spec
 
 
-def _check(spec: Spec, where: str) -> None:
+def check_spec(spec: Spec, where: str) -> None:
     """What the types cannot say: one input, one onset anchor, parseable times."""
     inp = spec.input
     if (inp.recording is None) == (inp.scenario is None):
