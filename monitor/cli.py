@@ -1,4 +1,5 @@
-"""The `flopwatch` command: up, run, sim, replay, test, record, ingest, detect, schema, config."""
+"""The `flopwatch` command: up, run, sim, replay, test, cut, record, ingest, detect, schema,
+config."""
 
 from __future__ import annotations
 
@@ -109,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_test(ts)
 
+    cut = sub.add_parser(
+        "cut",
+        parents=[common],
+        help="a slice of a recording by time and scope, optionally anonymized",
+    )
+    from monitor.daemon.cut import add_arguments as add_cut  # noqa: PLC0415
+
+    add_cut(cut)
+
     rec = sub.add_parser("record", parents=[common], help="capture topics to a recording")
     rec.add_argument("--out", type=Path, required=True, help=".jsonl, .jsonl.gz or .jsonl.zst")
     rec.add_argument("--topic", action="append", help="default: the samples and changes topics")
@@ -218,6 +228,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         from monitor.spec.cli import main as test_main  # noqa: PLC0415
 
         return test_main(args, settings)
+    if cmd == "cut":
+        from monitor.daemon.cut import cut  # noqa: PLC0415
+
+        return cut(args)
     return _daemon_command(args, settings)
 
 
