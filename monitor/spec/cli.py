@@ -71,5 +71,6 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         except OSError as exc:
             raise UsageError(f"--junit {args.junit}: {exc.strerror or exc}") from None
     failed = sum(not r.ok for r in results)
-    print(f"{len(results)} specs: {len(results) - failed} passed, {failed} failed", file=sys.stderr)
+    n = len(results)
+    print(f"{n} spec{'' if n == 1 else 's'}: {n - failed} passed, {failed} failed", file=sys.stderr)
     return 1 if failed else 0
