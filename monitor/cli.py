@@ -1,4 +1,5 @@
-"""The `flopwatch` command: up, run, sim, replay, report, record, ingest, detect, schema, config."""
+"""The `flopwatch` command: up, run, sim, replay, report, test, cut, record, ingest, detect,
+schema, config."""
 
 from __future__ import annotations
 
@@ -103,15 +104,26 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--batch-size", type=int, default=None,
                     help="records per batch (default: kafka.max_batch_records)")  # fmt: skip
 
-    rp = sub.add_parser("report", parents=[common],
-                        help="a recording's incidents as one self-contained HTML page")  # fmt: skip
-    rp.add_argument("input", type=Path, metavar="RECORDING", help=".jsonl or .jsonl.gz")
-    rp.add_argument("--out", type=Path, required=True, help="the HTML file to write")
-    rp.add_argument("--alerts", type=Path, default=None,
-                    help="its alert JSONL (default: replay it to find them)")  # fmt: skip
+    _add_report(sub.add_parser("report", parents=[common],
+                help="a recording's incidents as one self-contained HTML page"))  # fmt: skip
+
+    ts = sub.add_parser("test", parents=[common],
+                        help="replay spec files and check what must (not) page")  # fmt: skip
+    from monitor.spec.cli import add_arguments as add_test  # noqa: PLC0415
+
+    add_test(ts)
+
+    cut = sub.add_parser(
+        "cut",
+        parents=[common],
+        help="a slice of a recording by time and scope, optionally anonymized",
+    )
+    from monitor.daemon.cut import add_arguments as add_cut  # noqa: PLC0415
+
+    add_cut(cut)
 
     rec = sub.add_parser("record", parents=[common], help="capture topics to a recording")
-    rec.add_argument("--out", type=Path, required=True, help=".jsonl or .jsonl.gz")
+    rec.add_argument("--out", type=Path, required=True, help=".jsonl, .jsonl.gz or .jsonl.zst")
     rec.add_argument("--topic", action="append", help="default: the samples and changes topics")
     rec.add_argument("--max-records", type=int, default=None)
     rec.add_argument("--idle-timeout", type=_duration, default=5.0,
@@ -142,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("config", parents=[common], help="print the effective configuration")
     return p
+
+
+def _add_report(rp: argparse.ArgumentParser) -> None:
+    rp.add_argument("input", type=Path, metavar="RECORDING", help=".jsonl or .jsonl.gz")
+    rp.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    rp.add_argument("--alerts", type=Path, default=None,
+                    help="its alert JSONL (default: replay it to find them)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -215,6 +234,14 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         sim_code: int = asyncio.run(sim_main(args))
         return sim_code
+    if cmd == "test":
+        from monitor.spec.cli import main as test_main  # noqa: PLC0415
+
+        return test_main(args, settings)
+    if cmd == "cut":
+        from monitor.daemon.cut import cut  # noqa: PLC0415
+
+        return cut(args)
     # The daemon commands load aiokafka and the engine: only when one is asked for.
     if cmd == "run":
         from monitor.daemon.assemble import serve  # noqa: PLC0415

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compress the recording (default on)",
     )
     parser.add_argument(
+        "--zstd", action="store_true", help="compress with zstd instead: <scenario>.jsonl.zst"
+    )
+    parser.add_argument(
         "--speed", default="max", help="Kafka pacing: max, 1 (real time) or a factor like 60"
     )
     parser.add_argument("--samples-topic", default="flopwatch.samples")
@@ -95,7 +98,8 @@ async def main(args: argparse.Namespace) -> int:
     sim = _build(args)
     t0 = time.monotonic()
     if args.out is not None:
-        path = Path(args.out) / f"{sim.scenario.name}.jsonl{'.gz' if args.gzip else ''}"
+        suffix = ".zst" if args.zstd else ".gz" if args.gzip else ""
+        path = Path(args.out) / f"{sim.scenario.name}.jsonl{suffix}"
         with Progress("sim", sim.n_windows, "records") as bar:
             n = write_recording(sim, path, bar.update)
         sys.stdout.write(

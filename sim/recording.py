@@ -1,4 +1,4 @@
-"""Recordings: records and change events as JSON lines (optionally gzip), plus labels.json."""
+"""Recordings: records and change events as JSON lines (optionally gzip or zstd), plus labels."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
+import zstandard
+
 from sim.run import Simulation
 
 
 def labels_path(path: Path) -> Path:
-    """`<stem>.labels.json` next to a `.jsonl` / `.jsonl.gz` recording."""
+    """`<stem>.labels.json` next to a `.jsonl` / `.jsonl.gz` / `.jsonl.zst` recording."""
     name = path.name
-    for suffix in (".jsonl.gz", ".jsonl"):
+    for suffix in (".jsonl.gz", ".jsonl.zst", ".jsonl"):
         if name.endswith(suffix):
             return path.with_name(name[: -len(suffix)] + ".labels.json")
-    raise ValueError(f"recording path must end in .jsonl or .jsonl.gz: {path}")
+    raise ValueError(f"recording path must end in .jsonl, .jsonl.gz or .jsonl.zst: {path}")
 
 
 def write_recording(
@@ -26,10 +28,9 @@ def write_recording(
 ) -> int:
     """Write every window record and change event in event-time order; returns records written.
 
-    Change events go before the window records of the window they landed in, so a
-    replay sees a deploy before the regression it causes. Labels are written last
-    (after the run, so dirty-stream counts are final). `progress` is called after each
-    window with (windows done, records written).
+    Each window's lines are `SimWindow.lines()`. Labels are written last (after the
+    run, so dirty-stream counts are final). `progress` is called after each window with
+    (windows done, records written).
     """
     path = Path(path)
     lpath = labels_path(path)
@@ -40,12 +41,14 @@ def write_recording(
         if path.name.endswith(".gz"):
             # mtime=0 keeps the bytes identical across runs; level 3 is ~2x faster than 6
             fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3)
+        elif path.name.endswith(".zst"):
+            # closefd=False: `raw` is closed by its own `with`.
+            fh = zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False)
         with fh:
             # zlib releases the GIL: window k compresses while window k+1 is simulated
             pending: Future[int] | None = None
             for k, win in enumerate(sim.windows(), start=1):
-                lines = [v for _, v in win.changes]
-                lines += [v for _, v in win.records]
+                lines = win.lines()
                 n += len(win.records)
                 if progress is not None:
                     progress(k, n)

@@ -27,6 +27,11 @@ class SimWindow:
     records: list[tuple[bytes, bytes]]  # (device id, window record JSON)
     changes: list[tuple[bytes, bytes]]  # (scope key, change event JSON)
 
+    def lines(self) -> list[bytes]:
+        """The window as recording lines: change events first, so that a replay sees a
+        deploy before the regression it causes."""
+        return [v for _, v in self.changes] + [v for _, v in self.records]
+
 
 @dataclass(slots=True)
 class StreamFaultStats:

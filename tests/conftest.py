@@ -16,8 +16,23 @@ from pathlib import Path
 import pytest
 import structlog
 
+import monitor.spec.plugin
 from monitor.daemon.embedded import EmbeddedBroker, free_port
 from monitor.errors import BrokerError
+
+# pytester runs our plugin's own tests in scratch projects.
+pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Our plugin collects tests/specs/*.flopwatch.yaml (the one path that runs them).
+
+    An install registers it through its `pytest11` entry point; a checkout run before
+    `pip install -e .` (or in an environment installed before the entry point existed)
+    registers it here, so the specs can never be skipped silently.
+    """
+    if not config.pluginmanager.is_registered(monitor.spec.plugin):
+        config.pluginmanager.register(monitor.spec.plugin, "flopwatch")
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
@@ -13,14 +12,15 @@ from aiokafka import AIOKafkaConsumer
 from monitor.config import Settings
 from monitor.errors import UsageError
 from monitor.kafka_client import client_kwargs
+from monitor.sources.recording import RECORDING_SUFFIXES, create_recording
 
 
 async def record(args: argparse.Namespace, settings: Settings) -> int:
     """Read the topics until idle (or `--max-records`) and write them as JSONL."""
     if not settings.kafka.bootstrap_servers:
         raise UsageError("no Kafka configured: set FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS")
-    if args.out.suffix not in (".jsonl", ".gz"):
-        raise UsageError(f"--out must end in .jsonl or .jsonl.gz, got {args.out.name}")
+    if not args.out.name.endswith(RECORDING_SUFFIXES):
+        raise UsageError(f"--out must end in {', '.join(RECORDING_SUFFIXES)}, got {args.out.name}")
     topics = args.topic or [settings.kafka.topics.samples, settings.kafka.topics.changes]
     consumer = AIOKafkaConsumer(
         *topics, **client_kwargs(settings.kafka), group_id=None,
@@ -34,8 +34,7 @@ async def record(args: argparse.Namespace, settings: Settings) -> int:
     rows.sort(key=lambda r: (r[0], r[1]))
     if args.max_records is not None:
         rows = rows[: args.max_records]
-    opener = gzip.open if args.out.suffix == ".gz" else open
-    with opener(args.out, "wb") as f:
+    with create_recording(args.out) as f:
         for _, _, value in rows:
             f.write(value.rstrip(b"\n") + b"\n")
     print(f"recorded {len(rows)} records from {', '.join(topics)} to {args.out}", file=sys.stderr)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 from monitor.config import Topics
 from monitor.core.types import RawMessage
+from monitor.sources.recording import numbered
 
 if TYPE_CHECKING:
     from sim.run import Simulation
@@ -48,3 +49,22 @@ class SimulatorSource:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+def simulation(
+    scenario: str, *, devices: int | None, duration_s: float | None, seed: int, window_s: float
+) -> Simulation:
+    """A configured scenario run; ValueError (with the scenario list) for a bad one."""
+    from sim.run import simulate  # noqa: PLC0415 - the simulator loads only when asked for
+
+    try:
+        return simulate(
+            scenario, devices=devices, duration_s=duration_s, seed=seed, window_s=window_s
+        )
+    except KeyError as exc:  # UnknownScenario: its str() lists the known ones
+        raise ValueError(str(exc)) from None
+
+
+def simulation_lines(sim: Simulation) -> Iterator[tuple[int, bytes]]:
+    """The lines `flopwatch sim --out` writes for `sim`, numbered as in that file."""
+    return numbered(line for w in sim.windows() for line in w.lines())
