@@ -338,6 +338,8 @@ class Incident:
         )
         if len(first_seen) < need or sync:
             by_aggregate = math.inf
+        if sync:
+            by_mechanism = math.inf  # a link fault is confirmed by its host, nothing else
         when = min(by_devices, by_mechanism, by_aggregate)
         return None if when == math.inf else when
 
