@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.changes --json out/bench/changes.json
 	$(BIN)/python -m bench.ingest --json out/bench/ingest.json
 	$(BIN)/python -m bench.memory --json out/bench/memory.json
+	$(BIN)/python -m bench.daemon --json out/bench/daemon.json
 	@if [ -n "$(TCPD)" ]; then $(BIN)/python -m bench.tcpd --data "$(TCPD)" --json out/bench/tcpd.json; \
 	else echo "bench/tcpd.py skipped: set TCPD=<a checkout of alan-turing-institute/TCPD>"; fi
 

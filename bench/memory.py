@@ -59,11 +59,13 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def _templates(pool: str) -> list[bytes]:
-    """Encoded records with placeholders for device and time, 6 layer types each."""
+def _templates(pool: str, factor: float = 1.0, **layer: Any) -> list[bytes]:
+    """Encoded records with placeholders for device and time, 6 layer types each; MFU
+    scaled by `factor`, `layer` (kernel, fallback) passed to every layer."""
     out = []
     for v in range(_VARIANTS):
-        rec = window("HOST/GPU", 1.0, pool=pool, mfu=0.45 * (1 + 0.01 * (v - _VARIANTS / 2)),
+        mfu = 0.45 * factor * (1 + 0.01 * (v - _VARIANTS / 2))
+        rec = window("HOST/GPU", 1.0, pool=pool, mfu=mfu, **layer,
                      ingress={"req_rate": 200.0, "queue_depth": 3, "queue_wait_ms": 2.0,
                               "batch": 32},
                      slo={"lat_p50_ms": 40.0, "lat_p95_ms": 70.0, "lat_p99_ms": 110.0,

@@ -199,6 +199,7 @@ class Pipeline:
         Counts: (late, duplicate, over capacity) records."""
         frame, rejected = st.table.build([rec for _, rec in items])
         self._release(st, st.table.take_evicted(), self.stats.streams_evicted)
+        st.levels.update(frame)
         view = NormView(part, frame, {k.name: k.view(frame)[2].copy() for k in _DEVICE_KINDS})
         dead = [DeadLetter(items[r.index][0], r.reason) for r in rejected if r.kind != "duplicate"]
         late = sum(r.kind == "late" for r in rejected)
@@ -272,6 +273,7 @@ class Pipeline:
         for adjuster in st.adjusters.values():
             if adjuster is not None:  # every kind's load models are per group
                 adjuster.forget(released.groups)
+        st.levels.forget(released.groups)
         counts["device"] += released.device_rows.size
         counts["layer"] += released.layer_rows.size
         counts["group"] += released.groups.size

@@ -12,13 +12,14 @@ then starts fresh, and the checkpointer counts it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
 
 from monitor.config import Settings
 from monitor.core.correlator import ChangePoint, Incident, IncidentStatus
+from monitor.core.levels import GroupLevels
 from monitor.core.lifecycle import AlertState
 from monitor.core.load import LoadAdjuster
 from monitor.core.stream_table import STREAM_KINDS, StreamTable
@@ -38,6 +39,8 @@ class PartitionState:
     detectors: dict[str, Detector]  # by stream kind (`STREAM_KINDS`)
     adjusters: dict[str, LoadAdjuster | None]  # by stream kind; None: load-blind
     expired_at: float = 0.0
+    # Not checkpointed: a view of the newest window for /metrics, refilled by the next one.
+    levels: GroupLevels = field(default_factory=GroupLevels)
 
 
 def new_partition(settings: Settings, catalog: Catalog) -> PartitionState:

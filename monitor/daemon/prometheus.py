@@ -12,6 +12,7 @@ friends, that the detectors watch.)
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from monitor import __version__
+from monitor.core.levels import combine
 from monitor.daemon.runner import Runner, sink_name
 from monitor.sinks.base import Sink
 from monitor.sinks.queue import DeliveryQueue
@@ -219,6 +221,7 @@ class DaemonCollector(Collector):
         streams.add_metric(["group"], sum(len(t.groups) for t in tables))
         yield streams
         yield from self._stream_limits(p)
+        yield from self._pool_levels(p)
 
         memory = GaugeMetricFamily(
             "flopwatch_detector_state_bytes",
@@ -246,6 +249,38 @@ class DaemonCollector(Collector):
         yield lag
         yield _gauge("flopwatch_watermark_seconds", "Event time all active partitions reached.",
                      p.watermark())  # fmt: skip
+
+    @staticmethod
+    def _pool_levels(p: Pipeline) -> Iterator[Metric]:
+        """The newest pool-aggregate MFU and stall per (pool, layer type): one series per
+        pair, however many devices, models and partitions are behind it."""
+        labels = ["pool", "layer"]
+        mfu = GaugeMetricFamily(
+            "flopwatch_pool_mfu_ratio",
+            "Newest window's MFU of a pool's layer type (sum of flops over peak / sum of busy "
+            "seconds per input partition, averaged over partitions and models by devices).",
+            labels=labels,
+        )
+        stall = GaugeMetricFamily(
+            "flopwatch_pool_stall_ratio",
+            "Newest window's memory-stall fraction of a pool's layer type (as the MFU gauge).",
+            labels=labels,
+        )
+        devices = GaugeMetricFamily(
+            "flopwatch_pool_devices",
+            "Devices in the newest window behind the pool gauges, per pool and layer type.",
+            labels=labels,
+        )
+        parts = ((st.table, st.levels) for st in p.partitions.values())
+        for (pool, layer), (m, s, n) in combine(parts).items():
+            if not math.isnan(m):
+                mfu.add_metric([pool, layer], m)
+            if not math.isnan(s):
+                stall.add_metric([pool, layer], s)
+            devices.add_metric([pool, layer], n)
+        yield mfu
+        yield stall
+        yield devices
 
     @staticmethod
     def _stream_limits(p: Pipeline) -> Iterator[Metric]:

@@ -36,13 +36,13 @@ RELEASE = "fw"
 NAMESPACE = "monitoring"
 PREFIX = "FLOPWATCH_"
 # kubernetes-validate ships no schemas for custom resources: these are checked by hand below.
-CRD_KINDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication"}
+CRD_KINDS = {"ServiceMonitor", "ScaledObject", "TriggerAuthentication", "PrometheusRule"}
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25.0", kv.latest_version())
 
 # Everything on: several replicas, SASL over TLS with secrets, a config file, KEDA, a
-# ServiceMonitor, Alertmanager, PagerDuty, a signed webhook, detector overrides and an
-# extra variable.
+# ServiceMonitor, a PrometheusRule, the Grafana dashboard, Alertmanager, PagerDuty, a signed
+# webhook, detector overrides and an extra variable.
 ALL_ON: dict[str, Any] = {
     "replicaCount": 3,
     "kafka": {
@@ -66,7 +66,7 @@ ALL_ON: dict[str, Any] = {
                   "runbookBaseUrl": "https://git.example/flopwatch/"},
     "webhook": {"url": "https://hooks.example/flopwatch", "existingSecret": "fw-webhook",
                 "keyKey": "hmac", "previousKeyKey": "hmac-old"},
-    "sinks": {"kafka": True, "console": False},
+    "sinks": {"kafka": True, "console": False, "retryBudgetSeconds": 120},
     "detector": {"kind": "cusum", "h": 12.5},
     "log": {"format": "json", "level": "debug"},
     "configFile": {
@@ -85,6 +85,14 @@ ALL_ON: dict[str, Any] = {
                                "action": "drop"}],
     },
     "keda": {"enabled": True, "minReplicaCount": 2, "maxReplicaCount": 12},
+    "prometheusRule": {
+        "enabled": True,
+        "additionalLabels": {"release": "kube-prometheus-stack"},
+        "alertLabels": {"team": "ml-infra"},
+        "runbookBaseUrl": "https://git.example/flopwatch/blob/main/docs/operations.md",
+        "lagRecords": 1000,
+    },
+    "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "ML"}},
     "podAnnotations": {"example.com/team": "ml-infra"},
 }  # fmt: skip
 VALUE_SETS = {"default": None, "all_on": ALL_ON}
@@ -218,8 +226,8 @@ def mounted_file(docs: list[Manifest], path: Path) -> str:
         if path.parent == Path(mount["mountPath"]):
             volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
             item = next(i for i in volume["configMap"]["items"] if i["path"] == path.name)
-            cm = one(docs, "ConfigMap")
-            assert cm["metadata"]["name"] == volume["configMap"]["name"]
+            name = volume["configMap"]["name"]
+            (cm,) = (d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
             content: str = cm["data"][item["key"]]
             return content
     raise AssertionError(f"nothing is mounted at {path.parent}")
@@ -450,6 +458,7 @@ def test_default_values_load_into_settings(
     assert s.sinks.kafka is True
     assert s.sinks.console is False
     assert s.sinks.alertmanager.urls == []
+    assert s.sinks.retry_budget_s == Settings().sinks.retry_budget_s
     assert s.log_format == "json"
     assert s.http_port == 9108
     assert (s.limits.max_devices, s.limits.max_streams, s.limits.max_groups) == (
@@ -509,6 +518,7 @@ def test_all_on_values_load_into_settings(
     assert hook.key.get_secret_value() == "secret:fw-webhook/hmac"
     assert hook.previous_key is not None
     assert hook.previous_key.get_secret_value() == "secret:fw-webhook/hmac-old"
+    assert s.sinks.retry_budget_s == 120
     assert (s.detector.kind, s.detector.h) == ("cusum", 12.5)
     assert s.log_level == "debug"
     assert s.alerts.group_window_s == 120.0  # from the mounted TOML file

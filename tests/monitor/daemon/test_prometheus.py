@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 
+import pytest
 from factories import T0, fleet, joining_fleet, msg, window
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -178,3 +179,34 @@ async def test_streams_against_their_caps_and_evictions_are_exported() -> None:
     assert _value(registry, "flopwatch_streams_expired_total", kind="device") == 0
     assert _value(registry, "flopwatch_records_total", outcome="capacity") == 2
     assert runner.pipeline.stats.streams_evicted["device"] == 4 * 3
+
+
+async def test_pool_levels_combine_partitions_models_and_windows() -> None:
+    """One series per (pool, layer type): the newest window of each partition's aggregate,
+    averaged over partitions and models by their devices; a later window replaces it."""
+
+    def batch(ts: float, a0: float) -> list[RawMessage]:
+        return [
+            *(msg(window(f"p0/gpu{d}", ts, mfu=a0, stall=0.2), partition=0) for d in range(3)),
+            msg(window("p1/gpu0", ts, mfu=0.60, stall=0.4, model="m@2"), partition=1),
+            *(msg(window(f"p1/gpu{d}", ts, pool="train-b", mfu=0.5), partition=1)
+              for d in (1, 2)),
+        ]  # fmt: skip
+
+    runner = Runner(ListSource([batch(T0 + 10, 0.40), batch(T0 + 20, 0.30)]),
+                    Pipeline(Settings()), [ListSink()])  # fmt: skip
+    registry = register_metrics(CollectorRegistry(), runner)
+    await runner.run()
+    a = {"pool": "train-a", "layer": "attention"}
+    assert _value(registry, "flopwatch_pool_mfu_ratio", **a) == pytest.approx(
+        (3 * 0.30 + 0.60) / 4)  # fmt: skip
+    assert _value(registry, "flopwatch_pool_stall_ratio", **a) == pytest.approx(
+        (3 * 0.2 + 0.4) / 4)  # fmt: skip
+    assert _value(registry, "flopwatch_pool_devices", **a) == 4
+    b = {"pool": "train-b", "layer": "attention"}
+    assert _value(registry, "flopwatch_pool_mfu_ratio", **b) == pytest.approx(0.5)
+    assert _value(registry, "flopwatch_pool_devices", **b) == 2
+    mlp = {"pool": "train-a", "layer": "mlp"}
+    assert _value(registry, "flopwatch_pool_mfu_ratio", **mlp) == pytest.approx(0.6)
+    text = generate_latest(registry).decode()
+    assert text.count("flopwatch_pool_mfu_ratio{") == 4  # 2 pools x 2 layer types
