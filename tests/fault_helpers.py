@@ -411,6 +411,7 @@ def daemon_env(
         "FLOPWATCH_KAFKA__MAX_BATCH_RECORDS": "256",
         "FLOPWATCH_KAFKA__POLL_TIMEOUT_MS": "300",
         "FLOPWATCH_CHECKPOINT__INTERVAL_S": "1",
+        "FLOPWATCH_CHECKPOINT__KEY": "fault-test-key",
         "FLOPWATCH_SINKS__CONSOLE": "false",
         "FLOPWATCH_LOG_FORMAT": "json",
         "FLOPWATCH_HTTP_HOST": "127.0.0.1",
