@@ -120,10 +120,12 @@ async def consume(kafka: KafkaSettings, n: int) -> float:
     stamps: list[float] = []
     process = pipeline.process
 
-    def timed(batch: list[RawMessage], wall_ts: float | None = None) -> Output:
+    def timed(
+        batch: list[RawMessage], wall_ts: float | None = None, *, replaying: bool = False
+    ) -> Output:
         if not stamps:
             stamps.append(time.perf_counter())
-        out = process(batch, wall_ts)
+        out = process(batch, wall_ts, replaying=replaying)
         stamps[1:] = [time.perf_counter()]
         return out
 

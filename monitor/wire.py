@@ -232,7 +232,7 @@ def _reason(exc: msgspec.ValidationError, data: bytes) -> str:
         return f"{path + '.' if path else ''}{field}: missing required field"
     try:
         got = _lookup(msgspec.json.decode(data), m.group("path") if m else "")
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # untyped, the nesting is not bounded
         got = _MISSING
     where = path or "record"
     shown = "" if got is _MISSING else f", got {_show(got)}"

@@ -420,7 +420,10 @@ def daemon_env(
     if am_url is not None:
         env |= {"FLOPWATCH_SINKS__ALERTMANAGER__URLS": json.dumps([am_url]),
                 "FLOPWATCH_SINKS__ALERTMANAGER__RESEND_S": "1",
-                "FLOPWATCH_SINKS__ALERTMANAGER__TIMEOUT_S": "2"}  # fmt: skip
+                "FLOPWATCH_SINKS__ALERTMANAGER__TIMEOUT_S": "2",
+                # Retries within the tests' seconds-long outages (default: 1 s doubling).
+                "FLOPWATCH_SINKS__ALERTMANAGER__BACKOFF_S": "0.2",
+                "FLOPWATCH_SINKS__ALERTMANAGER__BACKOFF_MAX_S": "1"}  # fmt: skip
     return env | {f"FLOPWATCH_{k}": v for k, v in extra.items()}
 
 

@@ -114,13 +114,19 @@ class Pipeline:
             st = self.partitions[p] = new_partition(self.settings, self.catalog)
         return st
 
-    def process(self, batch: list[RawMessage], wall_ts: float | None = None) -> Output:
+    def process(
+        self, batch: list[RawMessage], wall_ts: float | None = None, *, replaying: bool = False
+    ) -> Output:
         """Decode, detect, correlate and advise over one batch; returns alerts and dead letters.
 
         `wall_ts` (live sources only; replays run in event time alone): window records
         dated more than `limits.max_future_s` after it are dead-lettered as `future`, so one
         clock gone wrong can neither expire every stream of its partition nor page from
         the future.
+
+        `replaying`: the batch re-reads records processed before a restart; the restored
+        pages are re-sent only once that is over, so an incident the replay resolves is
+        not fired again first.
         """
         out = Output()
         samples = self._decode(batch, out, wall_ts)
@@ -129,7 +135,7 @@ class Pipeline:
         for part, items in sorted(samples.items()):
             self._ingest(part, items, out, points, views)
         try:
-            if self._to_restate and self.partition_ts:
+            if self._to_restate and self.partition_ts and not replaying:
                 # The first batch after a restore: send what is still firing once more.
                 again = self.lifecycle.restate(
                     self._to_restate, self.watermark(), self.pool_counts()

@@ -199,7 +199,9 @@ class Runner:
         self._adopted.difference_update(ids)
 
     async def _process(self, batch: list[RawMessage], log: FilteringBoundLogger) -> None:
-        out = self.pipeline.process(batch, self.wall_clock() if self.wall_clock else None)
+        replaying = bool(getattr(self.source, "replaying", False))
+        out = self.pipeline.process(batch, self.wall_clock() if self.wall_clock else None,
+                                    replaying=replaying)  # fmt: skip
         for exc in self.pipeline.errors:
             log.error("internal error, isolated", error=f"{type(exc).__name__}: {exc}"[:300],
                       exc_info=exc)  # fmt: skip

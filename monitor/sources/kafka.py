@@ -110,6 +110,9 @@ class KafkaSource:
         # Bumped by every rebalance callback: a poll that overlapped one is discarded.
         self._generation = 0
         self._next: dict[TopicPartition, int] = {}  # next offset to deliver, per partition
+        # Per partition resumed from a checkpoint behind its committed offset: that offset.
+        # Records before it were processed (and their alerts sent) before the restart.
+        self._replay_to: dict[TopicPartition, int] = {}
         self._to_assign: set[TopicPartition] | None = None
         self.assignments = 0  # completed assignments (restores included)
         self.polled = False  # a poll succeeded since the last completed assignment
@@ -201,6 +204,16 @@ class KafkaSource:
             and self.broker_ok
             and not self.stalled
         )
+
+    @property
+    def replaying(self) -> bool:
+        """Still reading records that were processed before a restart (between a restored
+        checkpoint and the committed offset)."""
+        if self._replay_to:
+            self._replay_to = {
+                tp: o for tp, o in self._replay_to.items() if self._next.get(tp, o) < o
+            }
+        return bool(self._replay_to)
 
     def delivered(self) -> dict[TopicPartition, int]:
         """Next offset to deliver per assigned partition (all before it were yielded)."""
@@ -304,6 +317,9 @@ class KafkaSource:
                 continue  # revoked again while the hooks ran; the next assignment handles it
             try:
                 if tp in seeks:
+                    committed = await self.consumer.committed(tp)
+                    if committed is not None and committed > seeks[tp]:
+                        self._replay_to[tp] = committed
                     self.consumer.seek(tp, seeks[tp])
                     self._next[tp] = seeks[tp]
                 else:

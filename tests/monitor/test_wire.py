@@ -164,7 +164,20 @@ _json = st.recursive(
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.one_of(st.binary(max_size=200), _json.map(lambda v: json.dumps(v).encode())))
+def _nest(t: tuple[int, bytes, bytes]) -> bytes:
+    """`depth` levels of `pair` (its opening and closing halves), placed into `frame`."""
+    depth, pair, frame = t
+    return frame % (pair[:-1] * depth + pair[-1:] * depth)
+
+
+_DEEP = st.tuples(
+    st.integers(200, 5000),
+    st.sampled_from([b"[]", b'{"a":}']),
+    st.sampled_from([b"%s", b'{"v":1,"ts":%s}', b'{"v":1,"layers":[%s]}']),
+).map(_nest)
+
+
+@given(st.one_of(st.binary(max_size=200), _json.map(lambda v: json.dumps(v).encode()), _DEEP))
 def test_decoder_never_crashes(data: bytes) -> None:
     """Any bytes either decode to a WindowRecord or raise DecodeError with a non-empty reason."""
     reason: str | None = None
@@ -210,6 +223,10 @@ _GOOD = {"v": 1, "ts": 1_764_432_010.0, "window_s": 10.0, "device": "n0/gpu0", "
     [
         # A 2 KB value nested 1,000 deep used to raise RecursionError out of the decoder.
         (b'{"v":1,"x":' + b"[" * 1000 + b"]" * 1000 + b"}", "malformed JSON: nested too deep"),
+        # Nested where a typed field is (or as the whole record): the reason's untyped
+        # second look at the value used to raise it.
+        (b"[" * 1000 + b"]" * 1000, "record: expected an object"),
+        (b'{"v":1,"ts":' + b"[" * 1000 + b"]" * 1000 + b"}", "ts: expected a number"),
         (json.dumps({**_GOOD, "ts": 1_764_432_010_000.0}).encode(),
          "ts: expected Unix seconds, got 1764432010000 (milliseconds?)"),
         (json.dumps({**_GOOD, "ts": 1.764432010e15}).encode(), "(microseconds?)"),
