@@ -27,6 +27,7 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -383,6 +384,9 @@ def main() -> int:
                     name, args.devices, seed, settings, args.tolerance, args.late_join,
                     wide=not args.classic, duration_s=duration))  # fmt: skip
                 results.append(res)
+                print(f"{label} seed {seed} {name}: found {res.found}/{res.incidents}, "
+                      f"false {res.false_incidents} ({res.false_pages} pages), "
+                      f"{res.seconds:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
         print(f"== {label} seeds {seed_set}")
         print_table(results)
         summary = summarize(results) | {"seeds": seed_set}
