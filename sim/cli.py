@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="add duplicates, late records, host gaps and malformed lines",
     )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="draw noise, traffic, headroom and pool sizes per seed (the wide pack always does)",
+    )
     dest = parser.add_mutually_exclusive_group()
     dest.add_argument("--out", type=Path, help="write DIR/<scenario>.jsonl.gz and its labels")
     dest.add_argument("--kafka", metavar="BOOTSTRAP", help="produce to this Kafka bootstrap")
@@ -75,6 +80,7 @@ def _build(args: argparse.Namespace) -> Simulation:
             window_s=window,
             start_ts=args.start_ts,
             faults=args.faults,
+            wide=args.wide,
         )
     except UnknownScenario as exc:
         _fail(str(exc))

@@ -76,7 +76,7 @@ class Encoder:
         self._hosts = [fleet.host_names[h] for h in fleet.host_idx.tolist()]
         pools = fleet.pools
         self._pool = [pools[p].name for p in fleet.pool_idx.tolist()]
-        self._hw = [pools[p].hw for p in fleet.pool_idx.tolist()]
+        self._hw = fleet.device_hw
         self._dtype = [pools[p].dtype for p in fleet.pool_idx.tolist()]
         self._cols = [
             [int(c) for c in np.flatnonzero(fleet.pool_present[p])] for p in range(len(pools))

@@ -131,3 +131,33 @@ class ModelDeploy(Fault):
         mods.model_rows()[loc] = self.model_row
         if self.quality_delta:
             mods.d("quality_delta", 0.0)[loc] = self.quality_delta
+
+
+@dataclass(slots=True)
+class NicSlowdown(Fault):
+    """A degraded NIC on a host: its collectives wait `factor` x as long for their peers."""
+
+    factor: float = 2.5
+
+    def apply(self, mods: Modifiers, fleet: Fleet, tokens: F64) -> None:
+        mods.d("sync_scale", 1.0)[mods.local(self.devices)] = self.factor
+
+
+@dataclass(slots=True)
+class ModelSwap(ModelDeploy):
+    """A different model behind the same layer types: per-layer costs scale (ratios, (L,))."""
+
+    flops: F64 | None = None
+    bytes_: F64 | None = None
+    weights: F64 | None = None
+
+    def apply(self, mods: Modifiers, fleet: Fleet, tokens: F64) -> None:
+        ModelDeploy.apply(self, mods, fleet, tokens)
+        loc = mods.local(self.devices)
+        for name, ratio in (
+            ("flops_scale", self.flops),
+            ("bytes_scale", self.bytes_),
+            ("weight_scale", self.weights),
+        ):
+            if ratio is not None:
+                mods.dl(name, 1.0)[loc] = ratio

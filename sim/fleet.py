@@ -51,6 +51,14 @@ class PoolSpec:
     share: float = 1.0  # relative share of the fleet's hosts
     traffic: TrafficSpec = field(default_factory=TrafficSpec)
     versions: tuple[str, ...] = ()  # later versions a scenario may deploy
+    # (hw, share of the pool's hosts) pairs when the pool mixes hardware; overrides `hw`
+    hw_mix: tuple[tuple[str, float], ...] = ()
+    quality: float | None = None  # validation quality of the base version (default: workload's)
+
+    @property
+    def hardware(self) -> tuple[tuple[str, float], ...]:
+        """(hw, share of hosts) pairs: `hw_mix`, or `hw` alone."""
+        return self.hw_mix or ((self.hw, 1.0),)
 
     @property
     def model(self) -> str:
@@ -77,12 +85,22 @@ class Fleet:
         order = np.argsort(-(raw - np.floor(raw)), kind="stable")
         hosts_per_pool[order[:left]] += 1
         host_pool = np.repeat(np.arange(len(pools)), hosts_per_pool)
+        # a variant is one (pool, hw) pair; a pool without a mix is one variant
+        self.variants: list[tuple[int, str]] = []
+        host_var: list[int] = []
+        for p, spec in enumerate(pools):
+            counts = _split(int(hosts_per_pool[p]), [s for _, s in spec.hardware])
+            for (hw, _), c in zip(spec.hardware, counts, strict=True):
+                host_var += [len(self.variants)] * c
+                self.variants.append((p, hw))
         sizes = np.full(n_hosts, DEVICES_PER_HOST, dtype=np.int64)
         sizes[-1] = devices - DEVICES_PER_HOST * (n_hosts - 1)
         self.n = devices
         self.host_idx: I64 = np.repeat(np.arange(n_hosts), sizes)
         self.host_starts: I64 = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self.pool_idx: I64 = host_pool[self.host_idx]
+        self.var_idx: I64 = np.asarray(host_var, dtype=np.int64)[self.host_idx]
+        self.device_hw: list[str] = [self.variants[v][1] for v in self.var_idx.tolist()]
         width = max(3, len(str(n_hosts - 1)))
         self.host_names = [f"node-{h:0{width}d}" for h in range(n_hosts)]
         slot = np.arange(devices) - self.host_starts[self.host_idx]
@@ -151,14 +169,8 @@ class Fleet:
             )
         }
         for p, spec in enumerate(self.pools):
-            wl: Workload = WORKLOADS[spec.workload]
-            hw: HardwareSpec = DEFAULT_CATALOG[spec.hw]
-            board = BOARDS[spec.hw]
-            peak = hw.peak(spec.dtype)
-            if peak is None:
-                raise ValueError(f"{spec.hw} has no peak for dtype {spec.dtype}")
             for j, lt in enumerate(self.layers):
-                cost = wl.layers.get(lt)
+                cost = WORKLOADS[spec.workload].layers.get(lt)
                 if cost is None:
                     continue
                 present[p, j] = True
@@ -168,6 +180,14 @@ class Fleet:
                 occ[p, j], hit[p, j] = cost.occupancy, cost.sram_hit
                 kern[p, j] = kernel_id(cost.kernel)
                 fb[p, j] = kernel_id(cost.fallback_kernel)
+        for p, hw_name in self.variants:
+            spec = self.pools[p]
+            wl: Workload = WORKLOADS[spec.workload]
+            hw: HardwareSpec = DEFAULT_CATALOG[hw_name]
+            board = BOARDS[hw_name]
+            peak = hw.peak(spec.dtype)
+            if peak is None:
+                raise ValueError(f"{hw_name} has no peak for dtype {spec.dtype}")
             vals = {
                 "peak": peak,
                 "bw": hw.hbm_bytes_per_s,
@@ -188,7 +208,7 @@ class Fleet:
                 "tick": wl.tick_s,
                 "comm_tok": wl.comm_bytes_tok,
                 "comm_step": wl.comm_bytes_step,
-                "quality": wl.quality,
+                "quality": wl.quality if spec.quality is None else spec.quality,
                 "tp_local": 1.0 if wl.comm_bytes_tok > 0 else 0.0,
             }
             for k, v in vals.items():
@@ -208,7 +228,7 @@ class Fleet:
         self.kernel_base: I64 = kern[pi]
         self.kernel_fallback: I64 = fb[pi]
         self.pool_present = present
-        self.dev: dict[str, F64] = {k: np.asarray(v)[pi] for k, v in per_pool.items()}
+        self.dev: dict[str, F64] = {k: np.asarray(v)[self.var_idx] for k, v in per_pool.items()}
         self.is_train: Bools = self.dev["train"] > 0.5
         self.allreduce_col = self.layers.index("allreduce") if "allreduce" in self.layers else -1
 
@@ -237,3 +257,17 @@ class Fleet:
     def host_devices(self, host: int) -> I64:
         """Device indices of host number `host`."""
         return np.flatnonzero(self.host_idx == host).astype(np.int64)
+
+
+def _split(n: int, shares: list[float]) -> list[int]:
+    """`n` items split by `shares` (largest remainder), at least one each while n allows."""
+    w = np.asarray(shares, dtype=np.float64)
+    raw = w / w.sum() * n
+    out = np.floor(raw).astype(np.int64)
+    order = np.argsort(-(raw - out), kind="stable")
+    out[order[: n - int(out.sum())]] += 1
+    for i in range(len(out)):  # a mixed pool keeps every hardware type it names
+        if out[i] == 0 and out.max() > 1:
+            out[int(np.argmax(out))] -= 1
+            out[i] = 1
+    return [int(c) for c in out]

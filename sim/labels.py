@@ -46,6 +46,9 @@ STAGE_OF: dict[str, str] = {
     "errors": "validation",
 }
 SPAN_WINDOWS = 6
+# Indicators read as a share of requests: the scope's value is the mean over its devices
+# (a median of per-device failure shares near 0 is 0, however many requests fail).
+MEAN_OF = {"quality": np.mean, "errors": np.mean}
 MAX_LABEL_HOSTS = 8
 
 
@@ -124,6 +127,7 @@ def incident_label(
         window_s=w,
         start_ts=start_ts,
         subset=subset,
+        join_ts=plan.join_ts,
     )
     rows = np.flatnonzero(np.isin(subset, inc.fault.devices))
     wanted = [*inc.indicators, *inc.unchanged]
@@ -138,7 +142,8 @@ def incident_label(
         counts[which] += 1
         for key in wanted:
             vals = frame_indicator(frame, phys.f, key[0], key[1], w)[rows[frame.emit[rows]]]
-            sums[key][which] += float(np.median(vals)) if len(vals) else 0.0
+            if len(vals):
+                sums[key][which] += float(MEAN_OF.get(key[0], np.median)(vals))
 
     def entry(key: tuple[str, str | None]) -> dict[str, Any]:
         before = sums[key][0] / max(counts[0], 1)
@@ -176,6 +181,7 @@ def incident_label(
         "bottleneck": inc.bottleneck,
         "change_id": inc.change_id,
         "condition": inc.condition,
+        "context": inc.context,
         "kernels": inc.kernels,
         "baseline": list(base),
         "effect": list(eff),

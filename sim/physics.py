@@ -22,7 +22,6 @@ LINK_EFF = 0.8  # achievable share of link bandwidth for ring collectives
 THERMAL_TAU_S = 60.0
 THROTTLE_SLOPE = 0.05  # clock share lost per degC above the throttle temperature
 PREFETCH_DEPTH = 8.0  # training input pipeline keeps this many batches ready
-MAX_QUEUE_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +38,12 @@ class NoiseSpec:
     silence_rate: float = 0.0  # new silences per device x window
     silence_mean_windows: float = 3.0
     enabled: bool = True
+    # Tail shape of the white noise: its scale is (4/chi2_4)^(tail/2), so 1 is Student-t with
+    # 4 d.o.f., 0 is Gaussian and larger values have heavier tails.
+    tail: float = 1.0
+    # Quality as measured on the window's requests: 1 - (failed / served), failures Poisson.
+    # Otherwise a Gaussian reading (sd 0.002) of the model's score.
+    quality_sampling: bool = False
 
     @staticmethod
     def off() -> NoiseSpec:
@@ -62,6 +67,10 @@ class Modifiers:
         self.eff_scale: F64 | None = None
         self.spill_frac: F64 | None = None  # spill bytes as a share of activation bytes
         self.contention: F64 | None = None  # (D,) collective time factor from link contention
+        self.sync_scale: F64 | None = None  # (D,) factor on the collective wait (a slow NIC)
+        self.flops_scale: F64 | None = None  # (D, L) per-token FLOPs of a swapped-in model
+        self.bytes_scale: F64 | None = None  # (D, L) per-token activation and re-read bytes
+        self.weight_scale: F64 | None = None  # (D, L) weight bytes per step
         self.cooling: F64 | None = None  # (D,) thermal resistance factor (1 = healthy)
         self.ingress_delay_ms: F64 | None = None  # (D,) extra admission delay at the router
         self.quality_delta: F64 | None = None  # (D,)
@@ -187,6 +196,7 @@ class Physics:
         start_ts: float,
         subset: I64 | None = None,
         burn_in: int = 24,
+        join_ts: F64 | None = None,
     ) -> None:
         self.full = fleet
         self.f = fleet if subset is None else _SubFleet(fleet, subset)
@@ -225,6 +235,21 @@ class Physics:
         self.tr: F64 = f.is_train.astype(np.float64)  # blend weights instead of np.where
         self.sv: F64 = 1.0 - self.tr
         self.base_load = np.array([p.traffic.base_load for p in f.pools])[f.pool_idx]
+        self.tick: F64 = dev["tick"]
+        self.max_queue: F64 = np.array([p.traffic.max_queue_s for p in f.pools])[f.pool_idx]
+        head = np.array([p.traffic.headroom or 0.0 for p in f.pools])[f.pool_idx]
+        self.saturating: Bools = head > 0
+        if self.saturating.any():
+            # the router sizes batches for the engine's step at full batch, so the batch pins
+            # at max_batch exactly when the offered load reaches capacity
+            full = full_batch_step(f) / DUTY_CAP
+            self.tick = np.where(self.saturating, full, self.tick)
+            self.base_load = np.where(self.saturating, 1.0 / np.maximum(head, 1e-9), self.base_load)
+        self.join_ts: F64 | None = None if join_ts is None else self._cut(join_ts)
+        self._join_full = join_ts
+        # draws added after the original model come from their own stream, so scenarios that
+        # do not use them keep their bytes
+        self.rng_q = np.random.Generator(np.random.PCG64([seed, 0x9A11]))
         self.temp: F64 = self.inlet + dev["r_th"] * 0.6 * dev["tdp"]
         self.throttle: F64 = np.ones(n)
         self.queue: F64 = np.zeros(n)
@@ -269,9 +294,15 @@ class Physics:
         # --- traffic: the router sizes batches for its tick at the offered load
         loads = np.array([p.traffic.load(t_end) for p in f.pools])
         bursting = np.array([p.traffic.in_burst(t_end) for p in f.pools])
-        gen, tick, bmax = dev["gen"], dev["tick"], dev["max_batch"]
+        gen, tick, bmax = dev["gen"], self.tick, dev["max_batch"]
         # sequences in flight at this load -> requests/s by Little's law
         lam = self.base_load * bmax * loads[f.pool_idx] * self.share / (gen * tick)
+        if self._join_full is not None:
+            # a pool's load spreads over the devices that have joined (counted fleet-wide)
+            full = self.full.pool_idx
+            n_pool = np.bincount(full, minlength=len(f.pools))
+            joined = np.bincount(full, weights=self._join_full < t_end, minlength=len(f.pools))
+            lam = lam * (n_pool / np.maximum(joined, 1.0))[f.pool_idx]
         if g is not None:  # Poisson arrivals: relative noise 1/sqrt(count)
             lam = np.maximum(lam * (1.0 + g[0] / np.sqrt(np.maximum(lam * w, 1.0))), 0.0)
         b_seq = np.clip(lam * gen * tick, 1.0, bmax)
@@ -289,7 +320,10 @@ class Physics:
             phi = nz.wander_phi
             self.wander = phi * self.wander + nz.wander_sigma * math.sqrt(1 - phi * phi) * g[1]
             chi2 = g[9] * g[9] + g[10] * g[10] + g[11] * g[11] + g[12] * g[12]  # 4 d.o.f.
-            scale = np.sqrt(4.0 / np.maximum(chi2, 1e-3)) * nz.white_sigma
+            if nz.tail == 1.0:
+                scale = np.sqrt(4.0 / np.maximum(chi2, 1e-3)) * nz.white_sigma
+            else:
+                scale = (4.0 / np.maximum(chi2, 1e-3)) ** (0.5 * nz.tail) * nz.white_sigma
             z = self._cut(self.pool.take(big, n_l)) * scale[:, None]
             effn = np.exp(z).astype(np.float64)
             effn *= (self.dev_eff * np.exp(self.wander))[:, None]
@@ -309,20 +343,28 @@ class Physics:
         # dominate the cost, so they run in place.
         tok = tokens[:, None]
         flops = f.flops_tok * tok
+        if mods.flops_scale is not None:
+            flops *= mods.flops_scale
         hit = f.sram_hit if mods.hit_scale is None else f.sram_hit * mods.hit_scale
         if z is not None:
             hit = hit + self._hit_noise * z
         hit = np.clip(hit, 0.0, 0.995)
         reuse = f.reuse_bytes_tok * tok
+        if mods.bytes_scale is not None:
+            reuse *= mods.bytes_scale
         if mods.tile is not None:
             reuse /= mods.tile
         reuse *= 1.0 - hit
         bytes_hbm = f.act_bytes_tok * tok
+        if mods.bytes_scale is not None:
+            bytes_hbm *= mods.bytes_scale
         spill = self._zeros
         if mods.spill_frac is not None:
             spill = bytes_hbm * mods.spill_frac
             reuse += spill
-        bytes_hbm += f.weight_bytes
+        bytes_hbm += (
+            f.weight_bytes if mods.weight_scale is None else f.weight_bytes * mods.weight_scale
+        )
         bytes_hbm += reuse
         ec = f.eff_c * effn
         if mods.eff_scale is not None:
@@ -366,6 +408,8 @@ class Physics:
             wait = group - own + 0.03 * t_x
             if mods.contention is not None:
                 wait += (mods.contention - 1.0) * t_x
+            if mods.sync_scale is not None:
+                wait *= mods.sync_scale
             msg = comm_tp + comm_dp
             t[:, a] = np.where(has, t_x + wait, 0.0)
             flops[:, a] = np.where(has, msg / 2.0, 0.0)  # one add per bf16 element reduced
@@ -379,10 +423,10 @@ class Physics:
         step = t @ self._sum_l
         duty_train = 0.97 * (1.0 + 0.004 * g[2]) if g is not None else np.full(n, 0.97)
         needed = (lam * w + self.queue) * gen / b_seq
-        n_steps = tr * duty_train * w / step + sv * np.minimum(needed, 0.98 * w / step)
+        n_steps = tr * duty_train * w / step + sv * np.minimum(needed, DUTY_CAP * w / step)
         backlog = np.maximum(needed - n_steps, 0.0) * b_seq / gen
-        # the router sheds what would wait longer than MAX_QUEUE_S; shed requests are errors
-        shed = np.maximum(backlog - lam * MAX_QUEUE_S, 0.0)
+        # the router sheds what would wait longer than max_queue_s; shed requests are errors
+        shed = np.maximum(backlog - lam * self.max_queue, 0.0)
         self.queue = sv * (backlog - shed)
         duty = n_steps * step / w
 
@@ -409,6 +453,10 @@ class Physics:
         # --- ingress: the router's admission wait; contention inside the engine is latency only
         self._last_rate = tr * dev["micro_batch"] * n_steps / w + sv * lam
         wait_ms = 1000.0 * (0.5 * tick + self.queue / np.maximum(lam, 1e-9))
+        if self.saturating.any():
+            # waiting for a batch slot: half a step at low load, growing like rho/(1-rho)
+            rho_w = np.minimum(duty / DUTY_CAP, 0.97)
+            wait_ms += np.where(self.saturating, 500.0 * tick * rho_w / (1.0 - rho_w), 0.0)
         if mods.ingress_delay_ms is not None:
             wait_ms += mods.ingress_delay_ms
         loader = self._last_rate if burn else self.loader_rate
@@ -421,19 +469,29 @@ class Physics:
         rho = np.minimum(duty, 0.97)
         service_ms = 1000.0 * gen * step
         queued = wait_ms + 0.5 * service_ms * rho**3 / (1.0 - rho)
+        fifo: F64 | float = 0.0
+        if self.saturating.any():
+            # a continuously batching engine: contention is already in the step time; the
+            # exponential part is the slot wait, the backlog is waited out in FIFO order
+            # (every request waits about as long)
+            fifo = np.where(self.saturating, 1000.0 * self.queue / np.maximum(lam, 1e-9), 0.0)
+            queued = np.where(self.saturating, wait_ms - fifo, queued)
         step_ms = 1000.0 * step / duty_train
         lat = np.exp(0.03 * g[3]) * sv if g is not None else sv
-        p50 = tr * step_ms + lat * (0.9 * service_ms + 0.69 * queued)
-        p95 = tr * 1.06 * step_ms + lat * (1.5 * service_ms + 3.0 * queued)
-        p99 = tr * 1.12 * step_ms + lat * (2.0 * service_ms + 4.6 * queued)
+        p50 = tr * step_ms + lat * (0.9 * service_ms + 0.69 * queued + fifo)
+        p95 = tr * 1.06 * step_ms + lat * (1.5 * service_ms + 3.0 * queued + fifo)
+        p99 = tr * 1.12 * step_ms + lat * (2.0 * service_ms + 4.6 * queued + fifo)
         quality = dev["quality"]
         if mods.quality_delta is not None:
             quality = quality + mods.quality_delta
         err_mean = sv * (lam * w * 2e-5)
         emit = np.ones(n, dtype=np.bool_)
         temp_obs = self.temp
-        if g is not None:
+        if nz.quality_sampling:
+            quality = self._sampled_quality(quality, sv * lam * w)
+        elif g is not None:
             quality = quality + 0.002 * g[4]
+        if g is not None:
             # randomised rounding keeps the mean error count
             err_mean = np.floor(err_mean + self._cut(rng.random(big, dtype=np.float32)))
             power = power * (1.0 + 0.01 * g[5])
@@ -452,6 +510,8 @@ class Physics:
                     self.silent_left[who] = length
                 emit = self.silent_left == 0
                 self.silent_left = np.maximum(self.silent_left - 1, 0)
+        if self.join_ts is not None:
+            emit = emit & (t_end > self.join_ts)  # hosts that have not joined yet do not report
         errors = err_mean + sv * np.round(shed)
         kernel = f.kernel_base
         if mods.kernel is not None:
@@ -493,8 +553,63 @@ class Physics:
             in_burst=bursting[f.pool_idx],
         )
 
+    def _sampled_quality(self, q: F64, served: F64) -> F64:
+        """1 - failed/served over the window's requests, failures Poisson (fleet-wide draws)."""
+        u = self._cut(self.rng_q.random(self._big))
+        z = self._cut(self.rng_q.standard_normal(self._big))
+        n = np.maximum(served, 1.0)
+        failed = poisson_quantile(u, z, n * np.clip(1.0 - q, 0.0, 1.0))
+        out: F64 = 1.0 - np.minimum(failed, n) / n
+        return out
+
 
 _DEV_NOISE_ROWS = 13  # per-device normals one window uses (see the g[...] rows in step)
+DUTY_CAP = 0.98  # share of a window a serving engine can spend in steps
+
+
+def poisson_quantile(u: F64, z: F64, mean: F64) -> F64:
+    """Poisson(mean) draws: inversion of uniforms `u`, or normals `z` above a mean of 50."""
+    out = np.zeros_like(mean)
+    small = mean <= 50.0
+    if small.any():
+        m, uu = mean[small], u[small]
+        p = np.exp(-m)
+        cdf = p.copy()
+        k = np.zeros_like(m)
+        todo = uu > cdf
+        i = 0
+        while todo.any() and i < 200:
+            i += 1
+            p = p * m / i
+            cdf += p
+            k += todo
+            todo &= uu > cdf
+        out[small] = k
+    big = ~small
+    if big.any():
+        out[big] = np.maximum(np.round(mean[big] + np.sqrt(mean[big]) * z[big]), 0.0)
+    return out
+
+
+def full_batch_step(f: Fleet) -> F64:
+    """Noise-free step time of every device at its max batch (roofline, collectives, launches)."""
+    dev = f.dev
+    tok = (dev["max_batch"] * dev["tok_per_seq"])[:, None]
+    hit = np.clip(f.sram_hit, 0.0, 0.995)
+    bytes_hbm = f.act_bytes_tok * tok + f.weight_bytes + f.reuse_bytes_tok * tok * (1.0 - hit)
+    t_comp = (
+        f.flops_tok * tok / (dev["peak"] * dev["clock_ratio"])[:, None] / np.minimum(f.eff_c, 0.99)
+    )
+    t_mem = bytes_hbm / dev["bw"][:, None] / np.minimum(f.eff_m, 0.99)
+    t = np.maximum(t_comp, t_mem) + f.kernels * LAUNCH_S
+    a = f.allreduce_col
+    if a >= 0:
+        t_x = (
+            dev["comm_tok"] * tok[:, 0] / dev["nvlink"] + dev["comm_step"] / dev["net"]
+        ) / LINK_EFF
+        t[:, a] = np.where(f.present[:, a], t_x + f.kernels[:, a] * COLLECTIVE_LAT_S, 0.0)
+    out: F64 = (t * f.present).sum(axis=1)
+    return out
 
 
 class _SubFleet(Fleet):
@@ -513,6 +628,9 @@ class _SubFleet(Fleet):
         self.host_starts = np.flatnonzero(first).astype(np.int64)
         self.host_idx = np.cumsum(first).astype(np.int64) - 1
         self.pool_idx = full.pool_idx[idx]
+        self.var_idx = full.var_idx[idx]
+        self.variants = full.variants
+        self.device_hw = [full.device_hw[i] for i in idx.tolist()]
         self.host_names = full.host_names
         self.device_names = [full.device_names[i] for i in idx.tolist()]
         self.base_model_idx = full.base_model_idx[idx]

@@ -67,6 +67,7 @@ class Simulation:
         window_s: float,
         start_ts: float,
         faults: bool = False,
+        wide: bool = False,
     ) -> None:
         if window_s <= 0 or duration_s < window_s:
             raise ValueError("need window_s > 0 and duration_s >= window_s")
@@ -77,7 +78,10 @@ class Simulation:
         self.window_s = window_s
         self.start_ts = start_ts
         self.n_windows = round(duration_s / window_s)
-        ctx = BuildContext(scenario.name, devices, duration_s, seed, window_s, start_ts)
+        self.wide = wide or scenario.pack == "wide"
+        ctx = BuildContext(
+            scenario.name, devices, duration_s, seed, window_s, start_ts, wide=self.wide
+        )
         self.plan: Plan = scenario.build(ctx)
         self.stream_faults = faults or self.plan.stream_faults
         self.fleet = self.plan.fleet
@@ -93,6 +97,7 @@ class Simulation:
             seed=self.seed,
             window_s=self.window_s,
             start_ts=self.start_ts,
+            join_ts=self.plan.join_ts,
         )
 
     def frames(self) -> Iterator[Frame]:
@@ -135,7 +140,7 @@ class Simulation:
     def _compute_labels(self) -> dict[str, Any]:
         f = self.fleet
         end = self.start_ts + self.n_windows * self.window_s
-        pools = []
+        pools: list[dict[str, Any]] = []
         for p_i, p in enumerate(f.pools):
             devs = f.pool_devices(p.name)
             bursts = [[b.start, b.end, b.mult] for b in p.traffic.bursts]
@@ -144,7 +149,7 @@ class Simulation:
                     "name": p.name,
                     "model": p.model,
                     "workload": p.workload,
-                    "hw": p.hw,
+                    "hw": p.hardware[0][0],
                     "dtype": p.dtype,
                     "mode": "train" if f.is_train[devs[0]] else "serve",
                     "devices": len(devs),
@@ -153,7 +158,29 @@ class Simulation:
                     "bursts": bursts,
                 }
             )
-        return {
+            if p.hw_mix:
+                hws = [f.device_hw[d] for d in devs.tolist()]
+                pools[-1]["hw_mix"] = {hw: hws.count(hw) for hw, _ in p.hw_mix}
+            if p.traffic.headroom is not None:
+                pools[-1]["headroom"] = p.traffic.headroom
+                pools[-1]["max_queue_s"] = p.traffic.max_queue_s
+        extra: dict[str, Any] = {}
+        if self.wide:
+            extra["wide"] = True
+        if self.plan.join_ts is not None:
+            late = np.isfinite(self.plan.join_ts)
+            extra["joins"] = [
+                {
+                    "ts": float(t),
+                    "pool": f.pools[
+                        int(f.pool_idx[np.flatnonzero(self.plan.join_ts == t)[0]])
+                    ].name,
+                    "hosts": sorted({f.host_names[h] for h in f.host_idx[self.plan.join_ts == t]}),
+                    "devices": int((self.plan.join_ts == t).sum()),
+                }
+                for t in sorted(set(self.plan.join_ts[late].tolist()))
+            ]
+        return extra | {
             "scenario": self.scenario.name,
             "description": self.scenario.description,
             "seed": self.seed,
@@ -255,8 +282,12 @@ def simulate(
     window_s: float = 10.0,
     start_ts: float = DEFAULT_START_TS,
     faults: bool = False,
+    wide: bool = False,
 ) -> Simulation:
-    """Configure a run of the named scenario; raises UnknownScenario for an unknown name."""
+    """Configure a run of the named scenario; raises UnknownScenario for an unknown name.
+
+    `wide` draws the physics (noise level and shape, traffic, headroom, pool sizes) per
+    seed; scenarios of the wide pack always do."""
     sc = get(scenario)
     return Simulation(
         sc,
@@ -266,4 +297,5 @@ def simulate(
         window_s=window_s,
         start_ts=start_ts,
         faults=faults,
+        wide=wide,
     )

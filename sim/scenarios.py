@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
+from monitor.arrays import F64
 from sim.faults import (
     Contention,
     Cooling,
@@ -17,11 +18,14 @@ from sim.faults import (
     KernelSwap,
     MemoryPlacement,
     ModelDeploy,
+    ModelSwap,
+    NicSlowdown,
     Tiling,
 )
 from sim.fleet import Fleet, PoolSpec
 from sim.physics import NoiseSpec
 from sim.traffic import Burst, TrafficSpec, random_bursts
+from sim.workloads import LLAMA_8B, WORKLOADS, dense_llm
 
 Level = Literal["pool", "host", "device"]
 
@@ -95,6 +99,9 @@ class Incident:
     unchanged: list[tuple[str, str | None]] = field(default_factory=list)  # must not move
     settle_windows: int = 1  # windows after onset before the effect is at full size
     condition: str | None = None  # "burst": visible only while the pool is in a burst
+    # "overload": lands while the pool's load exceeds its capacity; the backlog, shed
+    # requests and queue wait it shows are the overload's, not this incident's
+    context: str | None = None
     kernels: dict[str, dict[str, str]] | None = None
     description: str = ""
 
@@ -109,6 +116,7 @@ class Plan:
     changes: list[Change]
     incidents: list[Incident]
     stream_faults: bool = False
+    join_ts: F64 | None = None  # (D,) when each device first reports (-inf: from the start)
 
 
 class BuildContext:
@@ -122,6 +130,7 @@ class BuildContext:
         seed: int,
         window_s: float,
         start_ts: float,
+        wide: bool = False,
     ) -> None:
         self.name = name
         self.devices = devices
@@ -131,6 +140,10 @@ class BuildContext:
         self.start = start_ts
         self.end = start_ts + duration_s
         self.rng = np.random.Generator(np.random.PCG64([seed, 0x5EED]))
+        # Wide runs draw their physics per seed from this stream; classic runs never touch
+        # it, so their bytes stay what they were.
+        self.wide = wide
+        self.draw = np.random.Generator(np.random.PCG64([seed, 0x3D1DE]))
         self._ids: set[str] = set()
         self._n_inc = 0
 
@@ -157,6 +170,70 @@ class BuildContext:
         """Random burst episodes over the run, clear of `avoid` spans."""
         return random_bursts(self.rng, self.start, self.end, per_hour, self.w, avoid=avoid)
 
+    def uniform(self, lo: float, hi: float) -> float:
+        """A per-seed physics draw, uniform on [lo, hi)."""
+        return float(self.draw.uniform(lo, hi))
+
+    def log_uniform(self, lo: float, hi: float) -> float:
+        """A per-seed physics draw, log-uniform on [lo, hi)."""
+        return float(np.exp(self.draw.uniform(np.log(lo), np.log(hi))))
+
+    def noise(self, base: NoiseSpec) -> NoiseSpec:
+        """`base`, or in a wide run noise level and shape drawn for this seed."""
+        if not self.wide:
+            return base
+        return NoiseSpec(
+            device_sigma=self.log_uniform(0.008, 0.04),
+            straggler_frac=self.uniform(0.0, 0.03),
+            straggler_factor=self.uniform(0.8, 0.95),
+            wander_sigma=self.log_uniform(0.003, 0.02),
+            wander_phi=self.uniform(0.8, 0.995),
+            white_sigma=self.log_uniform(0.006, 0.035),
+            tail=self.uniform(0.0, 1.6),
+            outlier_rate=self.log_uniform(3e-5, 8e-4),
+            silence_rate=self.log_uniform(1e-4, 1e-3) if base.silence_rate > 0 else 0.0,
+            quality_sampling=True,
+        )
+
+    def share(self, share: float) -> float:
+        """A pool's share of the hosts: `share`, or in a wide run scaled by 0.5-2x."""
+        return share * self.log_uniform(0.5, 2.0) if self.wide else share
+
+    def traffic(
+        self,
+        diurnal: float,
+        per_hour: float = 0.0,
+        avoid: tuple[tuple[float, float], ...] = (),
+        *,
+        base_load: float = 0.25,
+        steps: tuple[tuple[float, float], ...] = (),
+        headroom: tuple[float, float] | None = None,
+    ) -> TrafficSpec:
+        """A serving pool's load: the arguments, or in a wide run (or with `headroom`, a
+        range for capacity / daily peak load) diurnal amplitude, burst rate, size and length,
+        capacity headroom and admission queue limit drawn for this seed."""
+        if not self.wide and headroom is None:
+            bursts = self.bursts(per_hour, avoid=avoid) if per_hour else ()
+            return TrafficSpec(diurnal_amp=diurnal, base_load=base_load, bursts=bursts, steps=steps)
+        lo = self.uniform(1.2, 1.9)
+        mult = (lo, lo + self.uniform(0.2, 1.0))
+        minutes = (2.0, self.uniform(4.0, 10.0))
+        rate = per_hour * self.log_uniform(0.5, 2.0) if per_hour else 0.0
+        bursts = random_bursts(
+            self.rng, self.start, self.end, rate, self.w, avoid=avoid, mult=mult, minutes=minutes
+        )
+        amp = self.uniform(0.05, 0.4) if diurnal else 0.0
+        # headroom is drawn over the daily peak; the spec holds it over the mean load
+        over_peak = self.log_uniform(*(headroom or (1.4, 3.0)))
+        return TrafficSpec(
+            diurnal_amp=amp,
+            peak_hour_utc=self.uniform(0.0, 24.0),
+            bursts=bursts,
+            steps=steps,
+            headroom=over_peak * (1.0 + amp),
+            max_queue_s=self.log_uniform(2.0, 20.0),
+        )
+
     def quiet(self, onset: float, settle: int = 1, span: int = 8) -> tuple[float, float]:
         """The span around an onset that bursts must keep clear of (baseline + effect windows)."""
         return (onset - (span + 2) * self.w, onset + (settle + span + 2) * self.w)
@@ -172,6 +249,8 @@ class Scenario:
     default_duration_s: float
     build: Callable[[BuildContext], Plan]
     tests: str = ""
+    # "classic": fixed physics unless run wide; "wide": physics drawn per seed, always
+    pack: str = "classic"
 
 
 # --- pools -------------------------------------------------------------------------------
@@ -348,12 +427,12 @@ def _sync(
 
 
 def _thermal(
-    ctx: BuildContext, fleet: Fleet, pool: str, frac: float, n: int = 3
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float, n: int = 3, factor: float = 4.0
 ) -> tuple[Fault, Incident]:
     onset = ctx.at(frac)
     devs = fleet.pool_devices(pool)
     pick = np.sort(ctx.rng.choice(devs, size=min(n, len(devs)), replace=False)).astype(np.int64)
-    fault = Cooling(onset_ts=onset, devices=pick, end_ts=None, factor=4.0)
+    fault = Cooling(onset_ts=onset, devices=pick, end_ts=None, factor=factor)
     gemm = "conv" if fleet.pools[fleet.pool_id(pool)].workload.startswith("resnet") else "mlp"
     inc = Incident(
         id=ctx.incident_id(),
@@ -405,7 +484,7 @@ def _ingress(
 
 
 def _quality(
-    ctx: BuildContext, fleet: Fleet, pool: str, frac: float
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float, delta: float = -0.04
 ) -> tuple[Fault, Change, Incident]:
     onset = ctx.at(frac) + ctx.w
     p = fleet.pools[fleet.pool_id(pool)]
@@ -422,7 +501,7 @@ def _quality(
         devices=fleet.pool_devices(pool),
         end_ts=None,
         model_row=fleet.model_row[(fleet.pool_id(pool), new)],
-        quality_delta=-0.04,
+        quality_delta=delta,
     )
     inc = Incident(
         id=ctx.incident_id(),
@@ -445,9 +524,9 @@ def _quality(
 
 
 def _pool_regression(ctx: BuildContext) -> Plan:
-    fleet = Fleet([_train_a(), _train_b()], ctx.devices)
+    fleet = Fleet([_train_a(ctx.share(1.0)), _train_b()], ctx.devices)
     fault, chg, inc = _kernel_fallback(ctx, fleet, "train-a", 0.4)
-    return Plan(fleet, MILD, [fault], [chg], [inc])
+    return Plan(fleet, ctx.noise(MILD), [fault], [chg], [inc])
 
 
 def _dirty_stream(ctx: BuildContext) -> Plan:
@@ -457,40 +536,38 @@ def _dirty_stream(ctx: BuildContext) -> Plan:
 
 
 def _kernel_fallback_sc(ctx: BuildContext) -> Plan:
-    fleet_pools = [_train_a(2.0), _train_b(), _serve_a(TrafficSpec(diurnal_amp=0.25))]
+    fleet_pools = [_train_a(ctx.share(2.0)), _train_b(), _serve_a(ctx.traffic(0.25))]
     fleet = Fleet(fleet_pools, ctx.devices)
     fault, chg, inc = _kernel_fallback(ctx, fleet, "train-a", 0.5)
-    return Plan(fleet, REALISTIC, [fault], [chg], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
 
 
 def _tiling_sc(ctx: BuildContext) -> Plan:
-    fleet = Fleet([_train_a(), _train_b()], ctx.devices)
+    fleet = Fleet([_train_a(ctx.share(1.0)), _train_b()], ctx.devices)
     fault, chg, inc = _tiling(ctx, fleet, "train-b", 0.5)
-    return Plan(fleet, REALISTIC, [fault], [chg], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
 
 
 def _placement_sc(ctx: BuildContext) -> Plan:
     onset = ctx.at(0.5) + ctx.w
-    traffic = TrafficSpec(diurnal_amp=0.25, bursts=ctx.bursts(2.0, avoid=(ctx.quiet(onset),)))
-    fleet = Fleet([_serve_a(traffic, 2.0), _train_a()], ctx.devices)
+    traffic = ctx.traffic(0.25, 2.0, (ctx.quiet(onset),))
+    fleet = Fleet([_serve_a(traffic, ctx.share(2.0)), _train_a()], ctx.devices)
     fault, chg, inc = _placement(ctx, fleet, "serve-a", 0.5)
-    return Plan(fleet, REALISTIC, [fault], [chg], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
 
 
 def _sync_sc(ctx: BuildContext) -> Plan:
-    fleet = Fleet([_train_a(2.0), _train_b()], ctx.devices)
+    fleet = Fleet([_train_a(ctx.share(2.0)), _train_b()], ctx.devices)
     fault, inc = _sync(ctx, fleet, "train-a", 0.5)
-    return Plan(fleet, REALISTIC, [fault], [], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [], [inc])
 
 
 def _thermal_sc(ctx: BuildContext) -> Plan:
     onset = ctx.at(0.4)
-    traffic = TrafficSpec(
-        diurnal_amp=0.2, base_load=0.4, bursts=ctx.bursts(1.0, avoid=(ctx.quiet(onset, 12),))
-    )
-    fleet = Fleet([_vision(traffic, 2.0), _train_a()], ctx.devices)
+    traffic = ctx.traffic(0.2, 1.0, (ctx.quiet(onset, 12),), base_load=0.4)
+    fleet = Fleet([_vision(traffic, ctx.share(2.0)), _train_a()], ctx.devices)
     fault, inc = _thermal(ctx, fleet, "vision", 0.4)
-    return Plan(fleet, REALISTIC, [fault], [], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [], [inc])
 
 
 def _burst_only(ctx: BuildContext) -> Plan:
@@ -501,7 +578,8 @@ def _burst_only(ctx: BuildContext) -> Plan:
         return Burst(s, s + round(240.0 / w) * w, 2.5)
 
     bursts = (burst(0.12), burst(0.3), burst(0.62), burst(0.82))
-    fleet = Fleet([_serve_a(TrafficSpec(bursts=bursts), 2.0), _train_b()], ctx.devices)
+    # the token threshold below needs the classic load: only the noise is drawn per seed
+    fleet = Fleet([_serve_a(TrafficSpec(bursts=bursts), ctx.share(2.0)), _train_b()], ctx.devices)
     t_chg = ctx.at(0.45) + 0.5 * w
     chg = ctx.change("compiler", {"pool": "serve-a"}, "triton-3.4", "triton-3.5", t_chg)
     # steps of a normal load carry ~270 tokens, a 2.5x burst ~670: only bursts cross 450
@@ -530,38 +608,38 @@ def _burst_only(ctx: BuildContext) -> Plan:
         description="the new compiler picks a bad tile only for large GEMMs; MLP MFU falls only "
         "while bursts push the batch above the threshold",
     )
-    return Plan(fleet, REALISTIC, [fault], [chg], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
 
 
 def _ingress_sc(ctx: BuildContext) -> Plan:
     onset = ctx.at(0.5) + ctx.w
-    tr = TrafficSpec(diurnal_amp=0.25, bursts=ctx.bursts(1.5, avoid=(ctx.quiet(onset),)))
-    fleet = Fleet([_serve_a(tr, 2.0), _serve_moe(TrafficSpec(diurnal_amp=0.25))], ctx.devices)
+    tr = ctx.traffic(0.25, 1.5, (ctx.quiet(onset),))
+    fleet = Fleet([_serve_a(tr, ctx.share(2.0)), _serve_moe(ctx.traffic(0.25))], ctx.devices)
     fault, chg, inc = _ingress(ctx, fleet, "serve-a", 0.5)
-    return Plan(fleet, REALISTIC, [fault], [chg], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
 
 
 def _quality_sc(ctx: BuildContext) -> Plan:
     onset = ctx.at(0.5) + ctx.w
-    tr = TrafficSpec(diurnal_amp=0.25, bursts=ctx.bursts(1.5, avoid=(ctx.quiet(onset),)))
-    fleet = Fleet([_serve_a(tr, 2.0), _train_b()], ctx.devices)
+    tr = ctx.traffic(0.25, 1.5, (ctx.quiet(onset),))
+    fleet = Fleet([_serve_a(tr, ctx.share(2.0)), _train_b()], ctx.devices)
     fault, chg, inc = _quality(ctx, fleet, "serve-a", 0.5)
-    return Plan(fleet, REALISTIC, [fault], [chg], [inc])
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
 
 
 def _healthy(ctx: BuildContext) -> Plan:
-    tr_a = TrafficSpec(diurnal_amp=0.3, bursts=ctx.bursts(3.0))
-    tr_m = TrafficSpec(diurnal_amp=0.3, bursts=ctx.bursts(3.0))
-    fleet = Fleet([_serve_a(tr_a, 2.0), _serve_moe(tr_m), _train_a()], ctx.devices)
+    tr_a = ctx.traffic(0.3, 3.0)
+    tr_m = ctx.traffic(0.3, 3.0)
+    fleet = Fleet([_serve_a(tr_a, ctx.share(2.0)), _serve_moe(tr_m), _train_a()], ctx.devices)
     chg = ctx.change("driver", {"pool": "serve-moe"}, "550.90.07", "550.127.05", ctx.at(0.5) + 3.0)
-    return Plan(fleet, REALISTIC, [], [chg], [])
+    return Plan(fleet, ctx.noise(REALISTIC), [], [chg], [])
 
 
 def _deploys(ctx: BuildContext) -> Plan:
     w = ctx.w
     t_traffic = ctx.at(0.75)
-    tr = TrafficSpec(diurnal_amp=0.25, bursts=ctx.bursts(2.0), steps=((t_traffic, 1.3),))
-    fleet = Fleet([_train_a(), _serve_a(tr, 2.0)], ctx.devices)
+    tr = ctx.traffic(0.25, 2.0, steps=((t_traffic, 1.3),))
+    fleet = Fleet([_train_a(ctx.share(1.0)), _serve_a(tr, 2.0)], ctx.devices)
     k_new = fleet.kernel_id("flash_attn_v3_1")
     c1 = ctx.change("kernel_lib", {"pool": "train-a"}, "2.3.0", "2.3.1", ctx.at(0.3) + 0.5 * w)
     f1 = KernelSwap(
@@ -584,21 +662,21 @@ def _deploys(ctx: BuildContext) -> Plan:
     c4 = ctx.change(
         "traffic_policy", {"pool": "serve-a"}, "weight=1.0", "weight=1.3", t_traffic - 0.5 * w
     )
-    return Plan(fleet, REALISTIC, [f1, f3], [c1, c2, c3, c4], [])
+    return Plan(fleet, ctx.noise(REALISTIC), [f1, f3], [c1, c2, c3, c4], [])
 
 
 def _fleet_day(ctx: BuildContext) -> Plan:
     w = ctx.w
     fracs = {"kernel": 0.12, "thermal": 0.28, "placement": 0.44, "ingress": 0.6, "sync": 0.76}
     quiet = tuple(ctx.quiet(ctx.at(f) + w, 12) for f in fracs.values())
-    serve_tr = TrafficSpec(diurnal_amp=0.3, bursts=ctx.bursts(1.0, avoid=quiet))
-    moe_tr = TrafficSpec(diurnal_amp=0.3, bursts=ctx.bursts(1.0, avoid=quiet))
-    vis_tr = TrafficSpec(diurnal_amp=0.2, base_load=0.4, bursts=ctx.bursts(0.5, avoid=quiet))
+    serve_tr = ctx.traffic(0.3, 1.0, quiet)
+    moe_tr = ctx.traffic(0.3, 1.0, quiet)
+    vis_tr = ctx.traffic(0.2, 0.5, quiet, base_load=0.4)
     fleet = Fleet(
         [
-            _train_a(3.0),
-            _train_b(2.0),
-            _serve_a(serve_tr, 2.0),
+            _train_a(ctx.share(3.0)),
+            _train_b(ctx.share(2.0)),
+            _serve_a(serve_tr, ctx.share(2.0)),
             _serve_moe(moe_tr),
             _vision(vis_tr),
         ],
@@ -627,8 +705,323 @@ def _fleet_day(ctx: BuildContext) -> Plan:
         ctx.change("driver", {"pool": "train-b"}, "550.90.07", "550.127.05", ctx.at(0.2) + 1.0)
     )
     changes.sort(key=lambda ch: ch.ts)
-    return Plan(fleet, REALISTIC, faults, changes, incidents)
+    return Plan(fleet, ctx.noise(REALISTIC), faults, changes, incidents)
 
+
+# --- the wide pack: physics drawn per seed, overload, small scopes, mixed hardware ------------
+
+
+def _serve_mix(ctx: BuildContext, traffic: TrafficSpec, share: float = 1.0) -> PoolSpec:
+    """A llama-8b serving pool on a mix of A100 and H100 hosts."""
+    a100 = ctx.uniform(0.25, 0.75)
+    return PoolSpec(
+        "serve-mix",
+        "llama-8b/serve",
+        "v7",
+        share=share,
+        traffic=traffic,
+        hw_mix=(("h100-sxm", 1.0 - a100), ("a100-sxm", a100)),
+    )
+
+
+def _overload(ctx: BuildContext, tr: TrafficSpec, lo: float, hi: float) -> TrafficSpec:
+    """`tr` plus one burst, at a random point of [lo, hi] of the run, that exceeds capacity."""
+    w = ctx.w
+    head = tr.headroom or 1.0
+    s = ctx.at(ctx.uniform(lo, hi))
+    e = s + round(ctx.uniform(4.0, 10.0) * 60.0 / w) * w
+    b = Burst(s, e, head * ctx.uniform(1.15, 1.6) / tr.load(s))
+    kept = tuple(x for x in tr.bursts if x.end + 2 * w < s or x.start - 2 * w > e)
+    return replace(tr, bursts=tuple(sorted((*kept, b), key=lambda x: x.start)))
+
+
+def _joins(ctx: BuildContext, fleet: Fleet, pool: str, share: float, frac: float) -> F64:
+    """Join times: `share` of the pool's hosts (at least one) first report at `frac` of the run."""
+    hosts = fleet.pool_hosts(pool)
+    k = max(1, round(share * len(hosts))) if len(hosts) > 1 else 0
+    late = ctx.rng.choice(hosts, size=k, replace=False)
+    out = np.full(fleet.n, -np.inf)
+    out[np.isin(fleet.host_idx, late)] = ctx.at(frac)
+    return out
+
+
+def _overload_bursts(ctx: BuildContext) -> Plan:
+    serve = _overload(ctx, ctx.traffic(0.3, 3.0, headroom=(1.15, 1.7)), 0.15, 0.45)
+    mix = _overload(ctx, ctx.traffic(0.3, 3.0, headroom=(1.15, 1.7)), 0.5, 0.8)
+    fleet = Fleet(
+        [_serve_a(serve, ctx.share(2.0)), _serve_mix(ctx, mix, ctx.share(1.5)), _train_a()],
+        ctx.devices,
+    )
+    t = ctx.at(ctx.uniform(0.3, 0.7)) + 3.0
+    chg = ctx.change("driver", {"pool": "serve-a"}, "550.90.07", "550.127.05", t)
+    return Plan(fleet, ctx.noise(REALISTIC), [], [chg], [])
+
+
+def _nic_slowdown(ctx: BuildContext) -> Plan:
+    serve = ctx.traffic(0.25, 2.0, headroom=(1.2, 2.0))
+    fleet = Fleet(
+        [_train_a(ctx.share(2.0)), _train_b(), _serve_a(serve, ctx.share(1.0))], ctx.devices
+    )
+    hosts = fleet.pool_hosts("train-a")
+    host = int(hosts[int(ctx.rng.integers(0, len(hosts)))])
+    factor = ctx.uniform(2.0, 3.0)
+    fault = NicSlowdown(
+        onset_ts=ctx.at(0.5), devices=fleet.host_devices(host), end_ts=None, factor=factor
+    )
+    inc = Incident(
+        id=ctx.incident_id(),
+        fault=fault,
+        pool="train-a",
+        level="host",
+        layers=["allreduce"],
+        indicators=[("sync_frac", "allreduce"), ("device_mfu", None)],
+        unchanged=[("mfu", "mlp"), ("mfu", "attention"), ("sram_hit", "allreduce")],
+        stage="execution",
+        bottleneck="sync",
+        change_id=None,
+        description=f"a degraded NIC on one host: its all-reduces wait {factor:.2f}x as long; "
+        "step time up, device MFU down a few percent; no change event (drain the host)",
+    )
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [], [inc])
+
+
+def _quality_drop(ctx: BuildContext) -> Plan:
+    onset = ctx.at(0.5) + ctx.w
+    tr = ctx.traffic(0.25, 1.5, (ctx.quiet(onset),), headroom=(1.4, 2.5))
+    serve = replace(_serve_a(tr, ctx.share(2.0)), quality=0.999)
+    mix = ctx.traffic(0.25, 1.5, headroom=(1.4, 2.5))
+    fleet = Fleet([serve, _serve_mix(ctx, mix), _train_b()], ctx.devices)
+    fault, chg, inc = _quality(ctx, fleet, "serve-a", 0.5, delta=-0.009)
+    inc.description = (
+        "a model deploy answers 1% of requests wrongly instead of 0.1%: quality 0.999 -> 0.990, "
+        "a tenfold error rate; hardware metrics and latency do not move"
+    )
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
+
+
+def _thermal_small(ctx: BuildContext) -> Plan:
+    serve = ctx.traffic(0.25, 2.0, headroom=(1.3, 2.5))
+    fleet = Fleet([_train_a(ctx.share(2.0)), _serve_a(serve, ctx.share(1.0))], ctx.devices)
+    n = int(ctx.draw.integers(1, 3))
+    fault, inc = _thermal(ctx, fleet, "train-a", 0.4, n=n, factor=ctx.uniform(2.0, 2.4))
+    inc.description = (
+        f"cooling degrades on {n} training device(s): a few degrees over the throttle point, "
+        "clock and MLP MFU down ~10-20%; host peers wait for them; no change event"
+    )
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [], [inc])
+
+
+def _fallback_in_overload(ctx: BuildContext) -> Plan:
+    tr = ctx.traffic(0.2, headroom=(1.1, 1.4))
+    head = tr.headroom or 1.0
+    burst = Burst(ctx.at(0.3), ctx.at(0.8), head * ctx.uniform(1.3, 1.8) / tr.load(ctx.at(0.55)))
+    tr = replace(tr, bursts=(burst,))
+    moe = ctx.traffic(0.25, 2.0, headroom=(1.3, 2.5))
+    fleet = Fleet(
+        [_serve_a(tr, ctx.share(2.0)), _serve_moe(moe), _train_b(ctx.share(1.0))], ctx.devices
+    )
+    fault, chg, inc = _kernel_fallback(ctx, fleet, "serve-a", 0.55)
+    inc.context = "overload"
+    inc.description = (
+        "kernel_lib 2.4.0 on serve-a while a burst holds the pool above capacity (batch at its "
+        "cap, backlog at the admission limit, requests shed): attention falls back to a slower "
+        "kernel; a separate incident from the overload, rollback to the kernel_lib change"
+    )
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
+
+
+def _swap_to_long_context(
+    ctx: BuildContext, fleet: Fleet, pool: str, frac: float
+) -> tuple[Fault, Change]:
+    """A `model` change to a long-context version (prompt 512 -> 2048): attention costs more
+    per token; quality equal. A deliberate workload change, not a regression."""
+    p = fleet.pools[fleet.pool_id(pool)]
+    old = WORKLOADS[p.workload]
+    new = dense_llm("llama-8b", mode="serve", prompt=2048, gen=256, max_batch=256, **LLAMA_8B)
+    ratios = {k: np.ones(len(fleet.layers)) for k in ("flops_tok", "act_bytes_tok", "weight_bytes")}
+    for j, lt in enumerate(fleet.layers):
+        if lt in old.layers and lt in new.layers:
+            for k, arr in ratios.items():
+                a, b = getattr(old.layers[lt], k), getattr(new.layers[lt], k)
+                arr[j] = b / a if a else 1.0
+    ver = p.versions[-1]
+    t = ctx.at(frac)
+    chg = ctx.change("model", {"pool": pool}, p.model, f"llama-8b@{ver}", t + 0.5 * ctx.w)
+    fault = ModelSwap(
+        onset_ts=t + ctx.w,
+        devices=fleet.pool_devices(pool),
+        end_ts=None,
+        model_row=fleet.model_row[(fleet.pool_id(pool), ver)],
+        flops=ratios["flops_tok"],
+        bytes_=ratios["act_bytes_tok"],
+        weights=ratios["weight_bytes"],
+    )
+    return fault, chg
+
+
+def _model_swap(ctx: BuildContext) -> Plan:
+    tr = ctx.traffic(0.25, 2.0, headroom=(1.6, 3.0))
+    serve = replace(_serve_a(tr, ctx.share(2.0)), versions=("v5",))
+    fleet = Fleet([serve, _train_a(ctx.share(1.0))], ctx.devices)
+    fault, chg = _swap_to_long_context(ctx, fleet, "serve-a", ctx.uniform(0.35, 0.6))
+    drv = ctx.change("driver", {"pool": "train-a"}, "550.90.07", "550.127.05", ctx.at(0.3) + 2.0)
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg, drv], [])
+
+
+def _mixed_joins(ctx: BuildContext) -> Plan:
+    tr = _overload(ctx, ctx.traffic(0.3, 2.0, headroom=(1.2, 2.5)), 0.1, 0.3)
+    fleet = Fleet([_serve_mix(ctx, tr, ctx.share(2.0)), _train_b(ctx.share(1.0))], ctx.devices)
+    join = _joins(ctx, fleet, "serve-mix", ctx.uniform(0.2, 0.5), ctx.uniform(0.35, 0.5))
+    late_train = _joins(ctx, fleet, "train-b", 0.2, ctx.uniform(0.55, 0.75))
+    chg = ctx.change("driver", {"pool": "serve-mix"}, "550.90.07", "550.127.05", ctx.at(0.8) + 2.0)
+    return Plan(fleet, ctx.noise(REALISTIC), [], [chg], [], join_ts=np.maximum(join, late_train))
+
+
+def _healthy_fleet(ctx: BuildContext) -> Plan:
+    """Hours of a large healthy fleet: overload bursts, deploys, a model swap, mixed hardware,
+    hosts joining; nothing in it is a regression."""
+    w = ctx.w
+    fleet = Fleet(
+        [
+            _train_a(ctx.share(3.0)),
+            _train_b(ctx.share(1.5)),
+            replace(
+                _serve_a(ctx.traffic(0.3, 3.0, headroom=(1.15, 2.0)), ctx.share(2.0)),
+                versions=("v4", "v5"),
+            ),
+            _serve_mix(ctx, ctx.traffic(0.3, 3.0, headroom=(1.15, 2.0)), ctx.share(2.0)),
+            _serve_moe(ctx.traffic(0.3, 2.0, headroom=(1.3, 2.5)), ctx.share(1.0)),
+            _vision(
+                ctx.traffic(0.2, 1.0, steps=((ctx.at(0.8), 1.2),), headroom=(1.6, 2.5)),
+                ctx.share(1.0),
+            ),
+        ],
+        ctx.devices,
+    )
+    k_new = fleet.kernel_id("flash_attn_v3_1")
+    patch = KernelSwap(
+        onset_ts=ctx.at(0.2) + w,
+        devices=fleet.pool_devices("train-a"),
+        end_ts=None,
+        col=fleet.layer_col("attention"),
+        kernel_row=k_new,
+    )
+    swap, c_swap = _swap_to_long_context(ctx, fleet, "serve-a", 0.55)
+    moe_v3 = ModelDeploy(
+        onset_ts=ctx.at(0.7) + w,
+        devices=fleet.pool_devices("serve-moe"),
+        end_ts=None,
+        model_row=fleet.model_row[(fleet.pool_id("serve-moe"), "v3")],
+    )
+    changes = [
+        ctx.change("kernel_lib", {"pool": "train-a"}, "2.3.0", "2.3.1", ctx.at(0.2) + 0.5 * w),
+        ctx.change("driver", {"pool": "serve-mix"}, "550.90.07", "550.127.05", ctx.at(0.3) + 2.0),
+        c_swap,
+        ctx.change(
+            "model",
+            {"pool": "serve-moe"},
+            "mixtral-8x7b@v2",
+            "mixtral-8x7b@v3",
+            ctx.at(0.7) + 0.5 * w,
+        ),
+        ctx.change(
+            "traffic_policy", {"pool": "vision"}, "weight=1.0", "weight=1.2", ctx.at(0.8) - 0.5 * w
+        ),
+    ]
+    join = np.maximum(
+        _joins(ctx, fleet, "serve-mix", 0.25, 0.4), _joins(ctx, fleet, "train-b", 0.1, 0.6)
+    )
+    plan = Plan(fleet, ctx.noise(REALISTIC), [patch, swap, moe_v3], changes, [], join_ts=join)
+    plan.changes.sort(key=lambda ch: ch.ts)
+    return plan
+
+
+_WIDE = [
+    Scenario(
+        "overload_bursts",
+        "two serving pools (one mixing A100 and H100 hosts) with little headroom: bursts "
+        "exceed capacity, the batch pins at its cap, a backlog builds, admission sheds; healthy",
+        256,
+        3600.0,
+        _overload_bursts,
+        "false positives under overload: queueing grows like rho/(1-rho) and backlog carries "
+        "over windows; per-layer efficiency at that load is unchanged, nothing must page",
+        pack="wide",
+    ),
+    Scenario(
+        "nic_slowdown",
+        "one train-a host's NIC degrades: its all-reduce sync wait x2-3, device MFU down a few "
+        "percent; no change event",
+        256,
+        1800.0,
+        _nic_slowdown,
+        "a collective slowdown at host scope: sync fraction, not allreduce MFU; stage "
+        "execution, no rollback",
+        pack="wide",
+    ),
+    Scenario(
+        "quality_drop",
+        "model deploy on serve-a: quality 0.999 -> 0.990 (error rate x10); nothing else moves",
+        256,
+        1800.0,
+        _quality_drop,
+        "quality near 1 judged on its error rate: stage validation, rollback to the model deploy",
+        pack="wide",
+    ),
+    Scenario(
+        "thermal_small",
+        "cooling degrades on 1-2 train-a devices: a mild throttle (clock and MLP MFU -10-20%); "
+        "no change event",
+        256,
+        1800.0,
+        _thermal_small,
+        "a device-scope hardware fault corroborated by clock, temperature and MFU, whatever "
+        "the share of the pool",
+        pack="wide",
+    ),
+    Scenario(
+        "fallback_in_overload",
+        "kernel_lib change on serve-a while a long burst holds it above capacity: attention "
+        "falls back to a slower kernel",
+        256,
+        1800.0,
+        _fallback_in_overload,
+        "distinct mechanisms stay distinct: its own incident, stage lowering, rollback to the "
+        "kernel_lib change, not merged into the overload",
+        pack="wide",
+    ),
+    Scenario(
+        "model_swap",
+        "model change on serve-a to a long-context version (prompt 512 -> 2048): attention "
+        "MFU and step time shift, quality equal; healthy",
+        256,
+        3600.0,
+        _model_swap,
+        "a deliberate workload change with its change event is a new baseline, not a "
+        "regression: nothing must page",
+        pack="wide",
+    ),
+    Scenario(
+        "mixed_joins",
+        "a serving pool mixing A100 and H100 hosts, an overload burst, hosts joining it and a "
+        "training pool mid-run (per-device load drops when they join); healthy",
+        256,
+        3600.0,
+        _mixed_joins,
+        "false positives from mixed hardware, scale-out and overload: nothing must page",
+        pack="wide",
+    ),
+    Scenario(
+        "healthy_fleet",
+        "six pools over hours: overload bursts, kernel, driver, model and traffic-policy "
+        "changes, a model swap, mixed hardware, hosts joining; no incidents",
+        1024,
+        6 * 3600.0,
+        _healthy_fleet,
+        "the false-page budget on a long healthy fleet (bench.diagnose --healthy-fleet)",
+        pack="wide",
+    ),
+]
 
 _SCENARIOS = [
     Scenario(
@@ -740,7 +1133,7 @@ _SCENARIOS = [
         "decoder robustness: dead-letter reasons, dedup and late-record handling",
     ),
 ]
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in _SCENARIOS}
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [*_SCENARIOS, *_WIDE]}
 
 
 def get(name: str) -> Scenario:

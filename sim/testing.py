@@ -10,6 +10,7 @@ import numpy as np
 from monitor.arrays import F64
 from monitor.hardware import Catalog
 from monitor.wire import Codec, Layer, WindowRecord
+from sim.labels import MEAN_OF
 from sim.run import Simulation
 
 CATALOG = Catalog()
@@ -93,7 +94,8 @@ def series(
     devices: set[str] | None = None,
     pool: str | None = None,
 ) -> tuple[F64, F64]:
-    """(window ts, median over the selected devices) of an indicator, one point per window."""
+    """(window ts, median over the selected devices) of an indicator, one point per window;
+    the mean for request shares (quality), as the labels take it."""
     ts_out: list[float] = []
     vals: list[float] = []
     for ts in dec.ts:
@@ -106,7 +108,7 @@ def series(
         ]
         if got:
             ts_out.append(ts)
-            vals.append(float(np.median(got)))
+            vals.append(float(np.mean(got) if name in MEAN_OF else np.median(got)))
     return np.asarray(ts_out, dtype=np.float64), np.asarray(vals, dtype=np.float64)
 
 

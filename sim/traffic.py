@@ -26,6 +26,11 @@ class TrafficSpec:
     bursts: tuple[Burst, ...] = ()
     steps: tuple[tuple[float, float], ...] = ()  # (ts, multiplier from then on)
     base_load: float = 0.25  # share of max_batch a device's router fills at mean load
+    # Capacity / mean offered load. When set, the router's tick is the engine's full-batch
+    # step (the batch pins at max_batch exactly when load reaches capacity), base_load is
+    # 1/headroom, and the admission wait grows like rho/(1-rho) with utilisation rho.
+    headroom: float | None = None
+    max_queue_s: float = 30.0  # admission sheds requests that would wait longer than this
 
     def load(self, ts: float) -> float:
         """Load multiplier (1.0 = mean load) at event time `ts`."""

@@ -324,8 +324,11 @@ def resnet50(name: str, *, mode: Mode, batch: int = 256, tick_s: float = 0.02) -
     )
 
 
+LLAMA_8B = {"d": 4096, "n_layers": 32, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256}
+
+
 def _build() -> dict[str, Workload]:
-    llama8 = {"d": 4096, "n_layers": 32, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256}
+    llama8 = LLAMA_8B
     llama70 = {"d": 8192, "n_layers": 80, "heads": 64, "kv_heads": 8, "ffn": 28672, "vocab": 128256}
     mixtral = {"d": 4096, "n_layers": 32, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 32000}
     return {

@@ -24,6 +24,14 @@ RUN_SIZES: dict[str, tuple[int, float, float]] = {
     "deploy_without_regression": (64, 3600.0, 20.0),
     "fleet_day": (80, 3 * 3600.0, 30.0),
     "dirty_stream": (64, 600.0, 10.0),
+    "overload_bursts": (64, 3600.0, 20.0),
+    "nic_slowdown": (64, 900.0, 10.0),
+    "quality_drop": (64, 900.0, 10.0),
+    "thermal_small": (64, 900.0, 10.0),
+    "fallback_in_overload": (64, 900.0, 10.0),
+    "model_swap": (64, 3600.0, 20.0),
+    "mixed_joins": (64, 3600.0, 20.0),
+    "healthy_fleet": (64, 2 * 3600.0, 30.0),
 }
 
 RunCache = Callable[[str], tuple[Simulation, Decoded]]

@@ -268,3 +268,17 @@ async def test_cli_produces_to_kafka(broker: Any, capsys: pytest.CaptureFixture[
     assert rc == 0
     assert "produced 48 records" in capsys.readouterr().out
     assert len(await _consume(broker.bootstrap, topic, 48)) == 48
+
+
+async def test_cli_wide_draws_the_physics(tmp_path: Path) -> None:
+    """--wide: the labels say so, and the records differ from the classic run's."""
+    common = ("--scenario", "pool_regression", "--devices", "16", "--duration", "1m")
+    assert await main(_args(*common, "--out", str(tmp_path / "c"))) == 0
+    assert await main(_args(*common, "--wide", "--out", str(tmp_path / "w"))) == 0
+    classic = json.loads((tmp_path / "c" / "pool_regression.labels.json").read_text())
+    wide = json.loads((tmp_path / "w" / "pool_regression.labels.json").read_text())
+    assert "wide" not in classic
+    assert wide["wide"] is True
+    rec_c = (tmp_path / "c" / "pool_regression.jsonl.gz").read_bytes()
+    rec_w = (tmp_path / "w" / "pool_regression.jsonl.gz").read_bytes()
+    assert rec_c != rec_w
