@@ -94,6 +94,9 @@ class Pipeline:
         # Restored incidents whose pages the next batch sends again (`lifecycle.restate`).
         self._to_restate: list[Incident] = []
         self.handed_over: list[str] = []  # alert ids of incidents given up in a rebalance
+        # Alert ids of incidents restored from a checkpoint: while the records processed
+        # before the restart are read again, their alerts were sent already.
+        self._restored_ids: set[str] = set()
         self.stats = PipelineStats()
         d = settings.detector
         # Reporting floors per metric column (absolute, relative), defaults overridden.
@@ -149,6 +152,16 @@ class Pipeline:
             # lost, the next batch correlates afresh. Counted and logged by the runner.
             self.stats.internal_errors += 1
             self.errors.append(exc)
+        if replaying and self._restored_ids:
+            # Sent before the restart (their records precede the committed offset); the
+            # restated record after the re-read brings the sinks up to date.
+            # A resolve goes out again (harmless twice; lost if new records in the batch
+            # brought it).
+            out.alerts = [
+                a for a in out.alerts if a.id not in self._restored_ids or a.status == "resolved"
+            ]
+        elif not replaying:
+            self._restored_ids.clear()
         self.stats.alerts_out += len(out.alerts)
         return out
 
@@ -376,6 +389,8 @@ class Pipeline:
                 self.correlator.incidents.append(member)
             if inc.alert_id is not None and inc.alert_id in alerts:
                 self.lifecycle.states[inc.alert_id] = alerts[inc.alert_id]
+            if inc.alert_id is not None:
+                self._restored_ids.add(inc.alert_id)
             self._to_restate.append(inc)
 
     def keep_incidents_of(self, partitions: set[int]) -> list[str]:
@@ -420,6 +435,7 @@ class Pipeline:
         self.advisor.restore(list(snap.changes))
         self.lifecycle.states = {**self.lifecycle.states, **snap.alerts}
         self._to_restate = list(self.correlator.incidents)
+        self._restored_ids |= {i.alert_id for i in self._to_restate if i.alert_id is not None}
 
     def watermark(self) -> float:
         """Event time every active partition has reached (partitions lagging > max_skew ignored).

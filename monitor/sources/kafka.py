@@ -113,6 +113,7 @@ class KafkaSource:
         # Per partition resumed from a checkpoint behind its committed offset: that offset.
         # Records before it were processed (and their alerts sent) before the restart.
         self._replay_to: dict[TopicPartition, int] = {}
+        self.batch_replays = False  # the last batch held such records
         self._to_assign: set[TopicPartition] | None = None
         self.assignments = 0  # completed assignments (restores included)
         self.polled = False  # a poll succeeded since the last completed assignment
@@ -207,13 +208,13 @@ class KafkaSource:
 
     @property
     def replaying(self) -> bool:
-        """Still reading records that were processed before a restart (between a restored
+        """The last batch re-read records processed before a restart (between a restored
         checkpoint and the committed offset)."""
         if self._replay_to:
             self._replay_to = {
                 tp: o for tp, o in self._replay_to.items() if self._next.get(tp, o) < o
             }
-        return bool(self._replay_to)
+        return self.batch_replays
 
     def delivered(self) -> dict[TopicPartition, int]:
         """Next offset to deliver per assigned partition (all before it were yielded)."""
@@ -248,8 +249,12 @@ class KafkaSource:
                     yield changes
                     continue
                 batch = changes + _raw(got)
+                self.batch_replays = False
                 for tp, msgs in got.items():
                     if msgs:
+                        end = self._replay_to.get(tp)
+                        if end is not None and msgs[0].offset < end:
+                            self.batch_replays = True
                         self._next[tp] = msgs[-1].offset + 1
                 self._pending = True
                 # The lock stays held until the runner comes back for the next batch.
