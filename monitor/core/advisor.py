@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from monitor.core.correlator import OVERLOAD_RATIO, Incident
+from monitor.core.correlator import Incident
 from monitor.indicators import LOAD_FOLLOWING, QUEUEING
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
@@ -43,18 +43,18 @@ _MOVED_CLASS: tuple[tuple[frozenset[str], str], ...] = (
 )
 
 
-def bottleneck_class(stage: Stage, indicators: set[str], load_ratio: float = 1.0) -> str:
+def bottleneck_class(stage: Stage, indicators: set[str], *, explained: bool = False) -> str:
     """Bottleneck class from the first failing stage and what moved (decision matrix).
 
-    Queueing moved, with nothing else but what follows load (heat, utilisation), while
-    offered load rose by `OVERLOAD_RATIO` or more: overload (pass the ratio only for an
-    incident whose primary metric is a queueing or load-following one).
+    Queueing moved, with nothing else but what follows load (heat, utilisation):
+    overload, a matter of capacity, unless a change explains it (`explained`).
     """
-    if (
-        indicators & QUEUEING
-        and indicators <= QUEUEING | LOAD_FOLLOWING
-        and load_ratio >= OVERLOAD_RATIO
-    ):
+    if not explained and indicators & QUEUEING and indicators <= QUEUEING | LOAD_FOLLOWING:
+        # Per-layer efficiency held (no MFU, stall or mechanism moved): the devices serve
+        # as well as before and the wait is work arriving faster than they serve it. No
+        # rise of the request rate is required: a saturated pool reports what it served,
+        # capped at capacity, so the offered load's rise does not show in it. A change
+        # that fits (a traffic policy) still makes it a regression (`lifecycle.render`).
         return "overload"
     if stage in _STAGE_CLASS:
         return _STAGE_CLASS[stage]

@@ -240,6 +240,8 @@ class AlertLifecycle:
             if inc.parent is not None:
                 continue
             key = (inc.primary_metric, inc.layers[:1])
+            if inc.primary_metric in QUEUEING:
+                continue  # a pool's queue is its own capacity, never a fleet regression
             for other in live:
                 if (
                     other is not inc
@@ -324,10 +326,9 @@ class AlertLifecycle:
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
         moved = {metric for _, metric, _ in inc.supporting()}
-        # Device MFU follows load like queueing does: an overload incident whose headline
-        # became device MFU (a later burst's end joined it) is still overload.
+        # The offered-load rise, quoted in an overload's summary when the pool reports one.
         load = inc.load_ratio() if metric in QUEUEING | LOAD_FOLLOWING else 1.0
-        bottleneck = bottleneck_class(stage, moved, load)
+        bottleneck = bottleneck_class(stage, moved)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
         what = f"{inc.layers[0] + ' ' if inc.layers else ''}{_METRIC_WORDS.get(metric, metric)}"
@@ -336,7 +337,7 @@ class AlertLifecycle:
         )
         if bottleneck == "overload" and suggestion.action == "rollback":
             # A change that fits explains it: the traffic only exposed it. Not overload.
-            bottleneck = bottleneck_class(stage, moved)
+            bottleneck = bottleneck_class(stage, moved, explained=True)
         share = len(devices) / n_pool if n_pool else 1.0
         if bottleneck == "synchronisation" and any(layer in COMM_LAYERS for _, _, layer in
                                                    inc.supporting()):  # fmt: skip
@@ -423,7 +424,7 @@ def severity(
     up-is-bad ones (latency x2 loses half of the service rate; quality on its error
     rate: ten times the errors loses 90 %), in [0, 1], so a queue
     growing 500x on one device cannot outrank a pool-wide 15% MFU drop. Overload is
-    capacity for offered load, not a regression: at most a ticket for the owners.
+    capacity for offered load, not a regression: an info record for the owners.
     """
     sign = judged_sign(metric)
     lost = abs(delta_pct) / 100.0
@@ -432,8 +433,8 @@ def severity(
         lost = max(0.0, 1.0 - before / after)
     loss = lost * share
     sev: Severity = "page" if loss >= page_loss else "ticket" if loss >= page_loss / 5 else "info"
-    if bottleneck == "overload" and sev == "page":
-        return "ticket"
+    if bottleneck == "overload":
+        return "info"  # a capacity record for the owners, never a regression page
     return sev
 
 
@@ -460,7 +461,8 @@ def summary(
     cause = (
         f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
         if suggestion.action == "rollback"
-        else f" under offered load x{load:.2f}" if bottleneck == "overload"
+        else f" under offered load x{load:.2f} (capacity)" if bottleneck == "overload" and load > 1
+        else " (capacity: per-layer efficiency unchanged)" if bottleneck == "overload"
         else ""
     )  # fmt: skip
     return f"{what} {delta_pct:+.1f}% on {where}{cause}"

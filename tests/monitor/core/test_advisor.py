@@ -74,12 +74,13 @@ def test_without_a_change_the_next_step_is_a_bounded_hypothesis(bottleneck: str)
     ("stage", "moved", "load", "expected"),
     [
         ("ingress", {"queue_wait_ms", "temp_c"}, 1.5, "overload"),
-        ("ingress", {"queue_wait_ms"}, 1.1, "ingress"),
+        ("ingress", {"queue_wait_ms"}, 1.0, "overload"),  # served rate capped at capacity
         ("ingress", {"queue_wait_ms", "mfu"}, 2.0, "ingress"),  # efficiency moved too
         ("lowering", {"mfu"}, 1.0, "kernel_selection"),
         ("scheduling", {"sram_hit"}, 1.0, "memory_locality"),
         ("validation", {"quality"}, 1.0, "quality"),
-        ("validation", {"lat_p99_ms"}, 1.0, "contention"),
+        ("validation", {"lat_p99_ms"}, 1.0, "overload"),
+        ("validation", {"lat_p99_ms", "sram_hit"}, 1.0, "contention"),
         ("execution", {"sync_frac", "clock_mhz"}, 1.0, "synchronisation"),
         ("execution", {"clock_mhz", "temp_c"}, 1.0, "thermal_power"),
         ("execution", {"stall_frac"}, 1.0, "memory_locality"),
@@ -87,7 +88,7 @@ def test_without_a_change_the_next_step_is_a_bounded_hypothesis(bottleneck: str)
     ],
 )
 def test_bottleneck_decision_matrix(stage, moved, load, expected) -> None:
-    assert bottleneck_class(stage, moved, load) == expected
+    assert bottleneck_class(stage, moved) == expected
     assert expected in NEXT_STEP
 
 

@@ -1,11 +1,11 @@
-"""Overload (queueing explained by offered load) is a ticket to scale out, not a page."""
+"""Overload (queueing with per-layer efficiency unchanged) is a capacity record, not a page."""
 
 from __future__ import annotations
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import ChangePoint, Correlator
-from monitor.core.lifecycle import AlertLifecycle
+from monitor.core.lifecycle import AlertLifecycle, severity
 from monitor.indicators import STAGE_OF
 from monitor.wire import ChangeEvent, ChangeScope
 
@@ -49,27 +49,28 @@ def test_offered_load_kept_as_context_not_evidence() -> None:
     assert inc.first_failing_stage() == "ingress"
 
 
-def test_overload_is_a_ticket_to_mitigate() -> None:
+def test_overload_is_a_capacity_record_at_info() -> None:
     alert = _render(_incident(req_after=220.0))
     assert alert.bottleneck == "overload"
-    assert alert.severity == "ticket"
+    assert alert.severity == "info"
     assert alert.suggestion.action == "mitigate"
     assert alert.suggestion.change_id is None
-    assert "offered load x2.20" in alert.summary
+    assert "offered load x2.20 (capacity)" in alert.summary
 
 
-def test_queueing_at_flat_load_still_pages() -> None:
+def test_queueing_without_a_request_rate_rise_is_still_capacity() -> None:
+    """A saturated pool reports the rate it served, capped at capacity: queueing with
+    efficiency unchanged is capacity even when the reported rate did not rise."""
     alert = _render(_incident(req_after=101.0))
-    assert alert.bottleneck == "ingress"
-    assert alert.severity == "page"
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    assert "capacity" in alert.summary
 
 
 def test_a_mechanism_moving_is_not_overload() -> None:
-    assert bottleneck_class("ingress", {"queue_wait_ms", "clock_mhz"}, 2.0) != "overload"
-    assert bottleneck_class("ingress", {"queue_wait_ms", "temp_c", "device_mfu"}, 2.0) == (
-        "overload"
-    )
-    assert bottleneck_class("execution", {"mfu", "lat_p99_ms"}, 2.0) != "overload"
+    assert bottleneck_class("ingress", {"queue_wait_ms", "clock_mhz"}) != "overload"
+    assert bottleneck_class("ingress", {"queue_wait_ms", "temp_c", "device_mfu"}) == ("overload")
+    assert bottleneck_class("execution", {"mfu", "lat_p99_ms"}) != "overload"
 
 
 def test_a_fitting_change_turns_overload_back_into_a_rollback_page() -> None:
@@ -86,22 +87,19 @@ def test_a_fitting_change_turns_overload_back_into_a_rollback_page() -> None:
 
 def test_loss_of_an_up_is_bad_metric_is_bounded() -> None:
     """One device whose p99 went x225 (its queue backed up) in a pool of 56 is not a page."""
-    alert = _render(_incident(req_after=101.0, n=1), n_pool=56)
-    assert alert.delta_pct > 20_000  # old loss: 224 x 1/56 = 4.0, a page
-    assert alert.severity == "info"
-    alert = _render(_incident(req_after=101.0), n_pool=8)
-    assert alert.severity == "page"
+    assert severity("lat_p99_ms", 10.0, 2250.0, 22400.0, 1 / 56, "ingress", 0.1) == "info"
+    assert severity("lat_p99_ms", 10.0, 2250.0, 22400.0, 1.0, "ingress", 0.1) == "page"
 
 
 def test_latency_only_validation_incident_is_contention_not_quality() -> None:
-    """Quality is the class only when quality moved; a p99 rise alone is contention."""
-    assert bottleneck_class("validation", {"lat_p99_ms", "lat_p95_ms"}) == "contention"
+    """Quality is the class only when quality moved; a p99 rise alone is capacity."""
+    assert bottleneck_class("validation", {"lat_p99_ms", "lat_p95_ms"}) == "overload"
     assert bottleneck_class("validation", {"quality", "lat_p99_ms"}) == "quality"
 
 
 def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:
     """Device MFU follows load, like queueing: when it heads an overload incident (it moved
-    on every device), the incident stays a ticket to scale out. It was judged without the
+    on every device), the incident stays a capacity record. It was judged without the
     offered load and paged (`fleet_day`, seed 6, at a later burst's end)."""
 
     def headed_by_device_mfu(req_after: float):
@@ -114,6 +112,8 @@ def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:
     alert = _render(inc)
     assert alert.metric == "device_mfu"
     assert alert.bottleneck == "overload"
-    assert alert.severity == "ticket"
-    # No rise in offered load: not overload.
-    assert _render(headed_by_device_mfu(101.0)).severity == "page"
+    assert alert.severity == "info"
+    # A per-layer metric moving with it is a mechanism: no longer overload.
+    inc = headed_by_device_mfu(101.0)
+    inc.evidence += [_pt(f"h{i}/gpu0", "mfu", 0.5, 0.4, T0) for i in range(8)]
+    assert _render(inc).bottleneck != "overload"
