@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -94,3 +95,21 @@ def joining_fleet(
             for name in names
         ])  # fmt: skip
     return batches
+
+
+class ListSource:
+    """A source that yields fixed batches (the runner's seam, without Kafka)."""
+
+    def __init__(self, batches: list[list[RawMessage]]) -> None:
+        self._batches = batches
+
+    async def batches(self) -> AsyncIterator[list[RawMessage]]:
+        """Each batch once, in order."""
+        for b in self._batches:
+            yield b
+
+    async def commit(self) -> None:
+        """Nothing to acknowledge."""
+
+    async def close(self) -> None:
+        """Nothing to release."""

@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
-from factories import fleet
+from factories import ListSource, fleet
 from prometheus_client import CollectorRegistry
 from receivers import Receiver
 
 from monitor.config import Settings
-from monitor.core.types import RawMessage
 from monitor.daemon.assemble import Wiring, assemble
 from monitor.daemon.prometheus import register_metrics
 from monitor.sinks.alertmanager import AlertmanagerSink
 from monitor.sinks.pagerduty import PagerDutySink
 from monitor.sinks.webhook import WebhookSink
-
-
-class _Source:
-    def __init__(self, batches: list[list[RawMessage]]) -> None:
-        self._batches = batches
-
-    async def batches(self) -> AsyncIterator[list[RawMessage]]:
-        for b in self._batches:
-            yield b
-
-    async def commit(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 async def test_every_http_sink_on_one_client_closed_on_exit() -> None:
@@ -49,7 +32,7 @@ async def test_every_http_sink_on_one_client_closed_on_exit() -> None:
     batches = fleet(80, regress_at=40, change_at=39) + fleet(130, seed=9)[80:]
     try:
         async with AsyncExitStack() as stack:
-            daemon = await assemble(stack, settings, Wiring(source=_Source(batches),
+            daemon = await assemble(stack, settings, Wiring(source=ListSource(batches),
                                                             http_host=None))  # fmt: skip
             kinds = [type(s) for s in daemon.sinks]
             assert kinds == [AlertmanagerSink, PagerDutySink, WebhookSink]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import pytest
-from factories import T0, fleet, joining_fleet, msg, window
+from factories import T0, ListSource, fleet, joining_fleet, msg, window
 from prometheus_client import CollectorRegistry, generate_latest
 
 from monitor.config import DetectorSettings, LimitSettings, Settings
@@ -16,23 +16,6 @@ from monitor.daemon.prometheus import register_metrics
 from monitor.daemon.runner import Runner
 from monitor.sinks.memory import ListSink
 from monitor.wire import Alert
-
-
-class ListSource:
-    """Yields fixed batches."""
-
-    def __init__(self, batches: list[list[RawMessage]]) -> None:
-        self._batches = batches
-
-    async def batches(self) -> AsyncIterator[list[RawMessage]]:
-        for b in self._batches:
-            yield b
-
-    async def commit(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 class BrokenSink:

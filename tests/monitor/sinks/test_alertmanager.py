@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import msgspec
-from factories import fleet
+from factories import ListSource, fleet
 
 from monitor.config import AlertmanagerSettings, Settings
 from monitor.core.pipeline import Pipeline
@@ -122,7 +122,7 @@ async def test_failing_since_only_while_every_instance_refuses() -> None:
         assert not await sink.flush(5)  # tried once, refused
         since = sink.failing_since()
         assert since is not None
-        runner = Runner(_NoSource(), p, [sink])
+        runner = Runner(ListSource([]), p, [sink])
         assert runner.sink_failing()["alertmanager"] >= 0
         await sink.send(alerts[-1:])
         await sink.flush(5)
@@ -135,14 +135,3 @@ async def test_failing_since_only_while_every_instance_refuses() -> None:
     finally:
         await sink.close()
         am.close()
-
-
-class _NoSource:
-    async def batches(self):  # pragma: no cover - never iterated
-        yield []
-
-    async def commit(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
