@@ -50,7 +50,8 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.memory import LAYERS, _templates
+from bench.decode import LAYERS
+from bench.memory import _templates
 from monitor.config import AlertSettings, CheckpointSettings, KafkaSettings, Topics
 from monitor.daemon.embedded import EmbeddedBroker, ensure_topics, free_port
 

@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from monitor.config import KafkaSettings, Settings, Topics
 from monitor.core.pipeline import Pipeline
@@ -29,19 +30,26 @@ from tests.factories import T0, msg, window
 LAYERS = ("attention", "mlp", "embedding", "norm", "softmax", "allreduce")
 
 
+def full_record(device: str, ts: float, **kw: Any) -> dict[str, Any]:
+    """One window record with ingress, SLO and the six layer types, every field filled;
+    `kw` goes to `tests.factories.window` (pool, mfu, kernel, fallback)."""
+    rec = window(device, ts, **kw,
+                 ingress={"req_rate": 200.0, "queue_depth": 3, "queue_wait_ms": 2.0,
+                          "batch": 32},
+                 slo={"lat_p50_ms": 40.0, "lat_p95_ms": 70.0, "lat_p99_ms": 110.0,
+                      "quality": 0.999, "errors": 0})  # fmt: skip
+    base = rec["layers"][0]
+    rec["layers"] = [dict(base, type=t, occupancy=0.6, bytes_hbm=1e12, sram_hit=0.8,
+                          spill_bytes=0.0, sync_wait_s=0.1) for t in LAYERS]  # fmt: skip
+    return rec
+
+
 def records(n: int, devices: int) -> list[bytes]:
     """n encoded window records over `devices` devices, 6 layers each, in time order."""
     out = []
     for i in range(n):
         w, d = divmod(i, devices)
-        rec = window(f"node-{d // 8:04d}/gpu{d % 8}", T0 + 10.0 * (w + 1),
-                     ingress={"req_rate": 200.0, "queue_depth": 3, "queue_wait_ms": 2.0,
-                              "batch": 32},
-                     slo={"lat_p50_ms": 40.0, "lat_p95_ms": 70.0, "lat_p99_ms": 110.0,
-                          "quality": 0.999, "errors": 0})  # fmt: skip
-        base = rec["layers"][0]
-        rec["layers"] = [dict(base, type=t, occupancy=0.6, bytes_hbm=1e12, sram_hit=0.8,
-                              spill_bytes=0.0, sync_wait_s=0.1) for t in LAYERS]  # fmt: skip
+        rec = full_record(f"node-{d // 8:04d}/gpu{d % 8}", T0 + 10.0 * (w + 1))
         out.append(json.dumps(rec).encode())
     return out
 

@@ -31,15 +31,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# The repo root first: tests/monitor must not shadow the monitor package.
+from bench.decode import LAYERS, full_record
 from monitor.config import DetectorSettings, LimitSettings, Settings
 from monitor.core.pipeline import Pipeline
 from monitor.core.types import RawMessage
 from monitor.daemon.prometheus import _state_bytes
+from tests.factories import T0
 
-# The repo root first: tests/monitor must not shadow the monitor package.
-from tests.factories import T0, window
-
-LAYERS = ("attention", "mlp", "embedding", "norm", "softmax", "allreduce")
 PARTITIONS = 4
 BATCH = 5000
 _VARIANTS = 8  # templates with different MFU, so streams are not constant
@@ -65,14 +64,7 @@ def _templates(pool: str, factor: float = 1.0, **layer: Any) -> list[bytes]:
     out = []
     for v in range(_VARIANTS):
         mfu = 0.45 * factor * (1 + 0.01 * (v - _VARIANTS / 2))
-        rec = window("HOST/GPU", 1.0, pool=pool, mfu=mfu, **layer,
-                     ingress={"req_rate": 200.0, "queue_depth": 3, "queue_wait_ms": 2.0,
-                              "batch": 32},
-                     slo={"lat_p50_ms": 40.0, "lat_p95_ms": 70.0, "lat_p99_ms": 110.0,
-                          "quality": 0.999, "errors": 0})  # fmt: skip
-        base = rec["layers"][0]
-        rec["layers"] = [dict(base, type=t, occupancy=0.6, bytes_hbm=1e12, sram_hit=0.8,
-                              spill_bytes=0.0, sync_wait_s=0.1) for t in LAYERS]  # fmt: skip
+        rec = full_record("HOST/GPU", 1.0, pool=pool, mfu=mfu, **layer)
         out.append(json.dumps(rec).encode().replace(b'"ts": 1.0', b'"ts": TS'))
     return out
 

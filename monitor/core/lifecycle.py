@@ -325,7 +325,8 @@ class AlertLifecycle:
         after = float(median(p.after for p in pts))
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
-        moved = {metric for _, metric, _ in inc.supporting()}
+        support = inc.supporting()
+        moved = {metric for _, metric, _ in support}
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
         load = inc.load_ratio() if metric in QUEUEING | LOAD_FOLLOWING else 1.0
         bottleneck = bottleneck_class(stage, moved)
@@ -339,8 +340,7 @@ class AlertLifecycle:
             # A change that fits explains it: the traffic only exposed it. Not overload.
             bottleneck = bottleneck_class(stage, moved, explained=True)
         share = len(devices) / n_pool if n_pool else 1.0
-        if bottleneck == "synchronisation" and any(layer in COMM_LAYERS for _, _, layer in
-                                                   inc.supporting()):  # fmt: skip
+        if bottleneck == "synchronisation" and any(layer in COMM_LAYERS for _, _, layer in support):
             # A collective is as slow as its slowest member: every rank of the job waits
             # at the barrier for the host that is late, so the whole pool loses the time.
             share = 1.0
