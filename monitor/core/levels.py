@@ -68,7 +68,7 @@ def combine(
     device-weighted mean of each group's newest level (a level that is NaN is left out)."""
     acc: dict[tuple[str, str], list[float]] = {}
     for table, levels in parts:
-        for (pool, _model, layer), gid in table.groups.items():
+        for (pool, _model, layer, _hw), gid in table.groups.items():
             # layer "": a device-level group, not a layer aggregate
             if not layer or gid >= levels.ts.size or np.isnan(levels.ts[gid]):
                 continue

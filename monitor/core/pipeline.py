@@ -326,9 +326,9 @@ class Pipeline:
             by_part: dict[int, set[int]] = {}
             for p in (q for member in (inc, *inc.children) for q in member.primary_points()):
                 st = self.partitions.get(p.partition)
-                gid = st.table.groups.get((p.pool, p.model, p.layer or "")) if st else None
-                if gid is not None:
-                    by_part.setdefault(p.partition, set()).add(gid)
+                if st is not None:
+                    gids = st.table.gids_of(p.pool, p.model, p.layer or "")
+                    by_part.setdefault(p.partition, set()).update(gids)
             for part, gids in by_part.items():
                 arr = np.array(sorted(gids), dtype=np.int64)
                 for adjuster in self.partitions[part].adjusters.values():
@@ -534,7 +534,7 @@ class Pipeline:
             row = int(det.rows[i])
             metric = names[int(det.cols[i])]
             if kind.aggregate:
-                pool, model, group_layer = table.group_key(row)
+                pool, model, group_layer, _hw = table.group_key(row)
                 device, host, layer, win = (
                     AGGREGATE + (pool or ""),
                     None,

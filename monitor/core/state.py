@@ -28,7 +28,7 @@ from monitor.errors import StateVersionError
 from monitor.hardware import Catalog
 from monitor.wire import ChangeEvent
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: stream-table groups keyed by hardware too
 
 
 @dataclass

@@ -186,7 +186,15 @@ class _Device:
     window_s: float = 10.0
 
 
-GroupKey = tuple[str | None, str | None, str]  # (pool, model, layer); layer "" = device level
+# (pool, model, layer, hw); layer "" = device level. Hardware is part of the key because a
+# pool aggregate is only a level to compare with its own history over one population: in a
+# pool mixing A100 and H100 hosts the pooled MFU moves whenever the two shares of work move.
+GroupKey = tuple[str | None, str | None, str, str | None]
+
+
+def _gkey(k: tuple[str | None, str | None, str, str | None]) -> GroupKey:
+    """A group key back from its decoded form."""
+    return (k[0], k[1], k[2], k[3])
 
 
 @dataclass
@@ -265,9 +273,9 @@ class StreamTable:
             self.layer_seen[row], self.layer_device[row] = -np.inf, dev_row
         return row
 
-    def group(self, pool: str | None, model: str | None, layer: str) -> int:
-        """Id of the (pool, model, layer) group; layer "" is the device-level group."""
-        key = (pool, model, layer)
+    def group(self, pool: str | None, model: str | None, layer: str, hw: str | None = None) -> int:
+        """Id of the (pool, model, layer, hw) group; layer "" is the device-level group."""
+        key = (pool, model, layer, hw)
         gid = self.groups.get(key)
         if gid is None:
             gid = self.free_groups.pop() if self.free_groups else len(self.group_keys)
@@ -280,8 +288,13 @@ class StreamTable:
             self.group_seen[gid] = -np.inf
         return gid
 
+    def gids_of(self, pool: str | None, model: str | None, layer: str) -> list[int]:
+        """Ids of the groups of (pool, model, layer) over every hardware kind."""
+        want = (pool, model, layer)
+        return [g for (p, m, la, _hw), g in self.groups.items() if (p, m, la) == want]
+
     def group_key(self, gid: int) -> GroupKey:
-        """(pool, model, layer) of a group in use."""
+        """(pool, model, layer, hw) of a group in use."""
         key = self.group_keys[gid]
         if key is None:
             raise KeyError(gid)
@@ -425,7 +438,7 @@ class StreamTable:
                     row = self._layer_row(dev.row, layer.type)
                 lrows.append(row)
                 lraw.append(astuple(layer)[1:_N_INPUTS])
-                gkey = (dev.pool, dev.model, layer.type)
+                gkey = (dev.pool, dev.model, layer.type, dev.hw)
                 gid = groups.get(gkey)
                 lgroup.append(gid if gid is not None else self.group(*gkey))
                 if layer.flops is not None and layer.type != "all":
@@ -447,7 +460,7 @@ class StreamTable:
                 alls = [la.flops for la in rec.layers if la.type == "all" and la.flops is not None]
                 flops_sum, any_flops = (alls[0], True) if alls else (0.0, False)
             ing, st, slo = rec.ingress, rec.device_stats, rec.slo
-            dgroup.append(self.group(dev.pool, dev.model, ""))
+            dgroup.append(self.group(dev.pool, dev.model, "", dev.hw))
             dload.append((ing.batch, ing.req_rate) if ing else (None, None))
             drows.append(dev.row)
             dts.append(rec.ts)
@@ -571,8 +584,8 @@ class StreamTable:
             free_device_rows=s.free_device_rows,
             free_layer_rows=s.free_layer_rows,
             unknown_hw=Counter(dict(s.unknown_hw)),
-            groups={(k[0], k[1], k[2]): i for i, k in enumerate(s.group_keys) if k is not None},
-            group_keys=[None if k is None else (k[0], k[1], k[2]) for k in s.group_keys],
+            groups={_gkey(k): i for i, k in enumerate(s.group_keys) if k is not None},
+            group_keys=[None if k is None else _gkey(k) for k in s.group_keys],
             free_groups=s.free_groups,
             max_devices=max_devices,
             max_streams=max_streams,
@@ -723,7 +736,7 @@ class _TableState(msgspec.Struct, array_like=True):
     free_device_rows: list[int]
     free_layer_rows: list[int]
     unknown_hw: list[tuple[str, int]]
-    group_keys: list[tuple[str | None, str | None, str] | None]
+    group_keys: list[tuple[str | None, str | None, str, str | None] | None]
     # Since per-row times and group expiry; empty in older checkpoints.
     free_groups: list[int] = []
     layer_seen: bytes = b""  # float64 per layer row

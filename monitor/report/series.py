@@ -142,7 +142,7 @@ class SeriesKeeper:
         ):
             # One entry per (group, window): a Python loop over groups, not over records.
             for gid in np.unique(rows).tolist():
-                pool, model, layer = table.group_key(gid)
+                pool, model, layer, _hw = table.group_key(gid)
                 key: PoolKey = (pool, model, None if device_level else layer)
                 sel = rows == gid
                 kept = self._pools.pop(key, None)

@@ -40,15 +40,42 @@ def test_pool_aggregate_weights_by_busy_time() -> None:
     assert frame.pool_device_values[dev, DEVICE_METRICS.index("clock_mhz")] == 1755.0
 
 
-def test_groups_split_by_pool_model_and_layer() -> None:
-    """Same layer in two pools, or two models in one pool, are different groups."""
+def test_groups_split_by_pool_model_layer_and_hardware() -> None:
+    """Same layer in two pools, two models in one pool, or two hardware kinds in one pool
+    are different groups: a pool aggregate is over one population."""
     recs = _recs(window("a/0", T0, pool="p1"), window("b/0", T0, pool="p2"),
-                 window("c/0", T0, pool="p1", model="other@2"))  # fmt: skip
+                 window("c/0", T0, pool="p1", model="other@2"),
+                 window("d/0", T0, pool="p1", hw="a100-sxm"))  # fmt: skip
     table = StreamTable(Catalog())
     frame, _ = table.build(recs)
-    assert len(set(frame.device_group.tolist())) == 3
-    assert len(set(frame.layer_group.tolist())) == 6
-    assert table.group_keys[frame.layer_group[0]] == ("p1", "m@1", "attention")
+    assert len(set(frame.device_group.tolist())) == 4
+    assert len(set(frame.layer_group.tolist())) == 8
+    assert table.group_keys[frame.layer_group[0]] == ("p1", "m@1", "attention", "h100-sxm")
+    assert table.group_keys[frame.device_group[3]] == ("p1", "m@1", "", "a100-sxm")
+    assert sorted(table.gids_of("p1", "m@1", "attention")) == sorted(
+        frame.layer_group[[0, 6]].tolist())
+
+
+def test_a_mixed_pool_aggregate_stays_flat_when_the_work_shifts_between_hardware() -> None:
+    """Each hardware kind's pool MFU is its own level: more busy time on the slower kind
+    does not move either aggregate."""
+    def batch(ts: float, a100_busy: float) -> list:
+        h = window("h/0", ts, mfu=0.5)
+        a = window("a/0", ts, mfu=0.3, hw="a100-sxm")
+        for la in a["layers"]:
+            la["flops"] *= a100_busy / la["busy_s"]  # the same efficiency, more work
+            la["busy_s"] = a100_busy
+        return _recs(h, a)
+
+    table = StreamTable(Catalog())
+    mfu = LAYER_METRICS.index("mfu")
+    levels = []
+    for ts, busy in ((T0, 1.0), (T0 + 10, 8.0)):
+        frame, _ = table.build(batch(ts, busy))
+        attn = frame.layer_group[[0, 2]]
+        levels.append([float(frame.pool_layer_values[frame.pool_layer_rows == g, mfu][0])
+                       for g in attn.tolist()])  # fmt: skip
+    assert np.allclose(levels[0], levels[1], rtol=1e-6)
 
 
 def test_waves_put_each_row_once_per_wave_in_time_order() -> None:
