@@ -327,8 +327,8 @@ class Pipeline:
             for p in (q for member in (inc, *inc.children) for q in member.primary_points()):
                 st = self.partitions.get(p.partition)
                 if st is not None:
-                    gids = st.table.gids_of(p.pool, p.model, p.layer or "")
-                    by_part.setdefault(p.partition, set()).update(gids)
+                    found = st.table.gids_of(p.pool, p.model, p.layer or "")
+                    by_part.setdefault(p.partition, set()).update(found)
             for part, gids in by_part.items():
                 arr = np.array(sorted(gids), dtype=np.int64)
                 for adjuster in self.partitions[part].adjusters.values():

@@ -645,8 +645,8 @@ class _Room:
                 new_layers.append((rec.device, layer.type))
             else:
                 keep["layer"].add(row)
-        for gkey in [(rec.pool, rec.model, ""), *((rec.pool, rec.model, la.type)
-                                                   for la in rec.layers)]:  # fmt: skip
+        for gkey in [(rec.pool, rec.model, "", rec.hw),
+                     *((rec.pool, rec.model, la.type, rec.hw) for la in rec.layers)]:
             gid = t.groups.get(gkey)
             if gid is None:
                 new_groups.append(gkey)
