@@ -18,8 +18,10 @@ from typing import Literal
 from monitor.indicators import (
     BAD_DIRECTION,
     CORROBORATING,
+    LOAD_FOLLOWING,
     LOAD_METRICS,
     PRIMARY_ORDER,
+    QUEUEING,
     is_primary,
 )
 from monitor.wire import STAGES, ScopeLevel, Stage
@@ -254,9 +256,20 @@ class Incident:
         return float(median(p.after / p.before for p in latest.values()))
 
     def first_failing_stage(self) -> Stage:
-        """Most upstream stage among those whose indicators changed first."""
+        """Most upstream stage among those whose indicators changed first.
+
+        A queue in front of the devices grows when work arrives faster or when it is
+        served slower. Where an efficiency indicator moved at the same time and the
+        offered load did not rise, the queue and the latency it adds are the slower
+        service's consequence, so they do not name ingress as the stage that failed.
+        """
+        supporting = self.supporting()
+        moved = {metric for _, metric, _ in supporting}
+        efficiency = moved - (QUEUEING | LOAD_FOLLOWING | LOAD_METRICS)
+        if efficiency and self.load_ratio() < OVERLOAD_RATIO:
+            supporting = {k: v for k, v in supporting.items() if k[1] not in QUEUEING}
         onsets: dict[Stage, float] = {}
-        for (stage, _, _), pts in self.supporting().items():
+        for (stage, _, _), pts in supporting.items():
             t = median(p.onset_ts for p in pts)
             onsets[stage] = min(onsets.get(stage, t), t)
         if not onsets:

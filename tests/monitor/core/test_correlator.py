@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import ChangePoint, Correlator
@@ -117,3 +119,36 @@ def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:
     inc = headed_by_device_mfu(101.0)
     inc.evidence += [_pt(f"h{i}/gpu0", "mfu", 0.5, 0.4, T0) for i in range(8)]
     assert _render(inc).bottleneck != "overload"
+
+
+def _slower_service(load_after: float):
+    """Eight devices whose per-layer efficiency fell (a placement change), their queues and
+    p99 growing in the same window; the offered load going from 100 to `load_after`."""
+    devs = [f"h{i}/gpu0" for i in range(8)]
+    pts = [_layer_pt(d, "mfu", 0.22, 0.17) for d in devs]
+    pts += [_layer_pt(d, "sram_hit", 0.82, 0.66) for d in devs]
+    pts += [_pt(d, "queue_wait_ms", 30.0, 43.0, T0) for d in devs]
+    pts += [_pt(d, "queue_depth", 0.6, 0.9, T0) for d in devs]
+    pts += [_pt(d, "lat_p99_ms", 7900.0, 8900.0, T0) for d in devs]
+    pts += [_pt(d, "req_rate", 100.0, load_after, T0) for d in devs]
+    corr = Correlator()
+    corr.add(pts, T0 + 3 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    return inc
+
+
+def _layer_pt(device: str, metric: str, before: float, after: float) -> ChangePoint:
+    return dataclasses.replace(_pt(device, metric, before, after, T0), layer="attention")
+
+
+def test_a_queue_that_grew_because_service_slowed_does_not_name_ingress() -> None:
+    """Queueing rose in the same window as attention's efficiency fell and nothing about
+    what arrives changed: the queue is the slower service's consequence, so the first
+    failing stage is where efficiency failed (scheduling), not ingress."""
+    assert _slower_service(load_after=102.0).first_failing_stage() == "scheduling"
+
+
+def test_a_queue_under_a_load_surge_still_names_ingress() -> None:
+    """When the offered load rose by more than the overload ratio, the queue may be the
+    arrivals' doing: ingress keeps its claim as the most upstream stage that moved."""
+    assert _slower_service(load_after=200.0).first_failing_stage() == "ingress"
