@@ -2,9 +2,10 @@
 
 A change explains an incident when its scope covers the affected devices, it
 landed no later than the first affected window (onset + one window: the onset
-estimate is the end of the last healthy window) and within the look-back, and
-its kind fits the first failing stage. It never proposes a change that landed
-after that.
+estimate is the end of the last healthy window) and within the look-back, its
+kind fits the first failing stage, and the pool had not already run at the
+onset's load for `LEAD_WINDOWS` windows between the change and the onset (a test
+the change passed, `exposure`). It never proposes a change that landed after that.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from monitor.core.correlator import Incident
+from monitor.core.correlator import LEAD_WINDOWS, Incident
+from monitor.core.exposure import PoolExposure
 from monitor.indicators import LOAD_FOLLOWING, QUEUEING
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
@@ -89,9 +91,12 @@ class Advisor:
 
     lookback_s: float = 6 * 3600.0
     changes: list[ChangeEvent] = field(default_factory=list)
+    # The load each pool ran at lately, to rule out changes it already put to the test.
+    exposure: PoolExposure = field(default_factory=PoolExposure)
     _keys: list[tuple[float, str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.exposure.span_s = self.lookback_s
         self.restore(self.changes)
 
     def restore(self, changes: list[ChangeEvent]) -> None:
@@ -113,6 +118,7 @@ class Advisor:
 
     def prune(self, now_ts: float) -> None:
         """Forget changes older than twice the look-back."""
+        self.exposure.prune(now_ts)
         cut = bisect.bisect_left(
             self.changes, True, key=lambda c: now_ts - c.ts <= 2 * self.lookback_s
         )
@@ -128,7 +134,11 @@ class Advisor:
         out = [
             c
             for c in self.changes[lo:hi]
-            if _covers(c.scope, inc, level) and stage in KIND_STAGES.get(c.kind, frozenset())
+            if _covers(c.scope, inc, level)
+            and stage in KIND_STAGES.get(c.kind, frozenset())
+            and not self.exposure.tested(
+                inc.pool, c.ts, inc.onset_ts, inc.detected_ts, inc.window_s, LEAD_WINDOWS
+            )
         ]
         return out[::-1]
 

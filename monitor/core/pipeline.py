@@ -219,6 +219,7 @@ class Pipeline:
         frame, rejected = st.table.build([rec for _, rec in items])
         self._release(st, st.table.take_evicted(), self.stats.streams_evicted)
         st.levels.update(frame)
+        self._expose(st.table, frame)
         view = NormView(part, frame, {k.name: k.view(frame)[2].copy() for k in _DEVICE_KINDS})
         dead = [DeadLetter(items[r.index][0], r.reason) for r in rejected if r.kind != "duplicate"]
         late = sum(r.kind == "late" for r in rejected)
@@ -228,6 +229,14 @@ class Pipeline:
         found = self._detect(st, view)
         self._expire(part, st, frame)
         return found, view, dead, (late, duplicate, len(rejected) - late - duplicate)
+
+    def _expose(self, table: StreamTable, frame: Frame) -> None:
+        """Each pool's windows and request rate, for the advisor (`core.exposure`); a loop
+        over (pool group, window) aggregates, not over records."""
+        rate = frame.pool_device_load[:, 1].tolist()
+        for gid, ts, load in zip(frame.pool_device_rows.tolist(), frame.pool_device_ts.tolist(),
+                                 rate, strict=True):  # fmt: skip
+            self.advisor.exposure.observe(table.group_key(gid)[0], ts, load)
 
     def _decode(
         self, batch: list[RawMessage], out: Output, wall_ts: float | None

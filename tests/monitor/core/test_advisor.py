@@ -118,3 +118,23 @@ def test_indexed_changes_match_a_plain_scan(events, prune_at, onset) -> None:
     assert adv.candidates(inc, "lowering") == want
     adv.add_change(_change("fresh", T0 + 9000))
     assert adv.changes[-1].id == "fresh"
+
+
+def test_a_change_the_pool_ran_through_for_hours_is_not_rolled_back() -> None:
+    """A driver updated three hours before the onset, with the training pool running
+    healthy in between, passed that test: no rollback; the same change right before the
+    onset is suggested."""
+    adv = Advisor()
+    old = _change("old-driver", T0 - 3 * 3600, kind="driver")
+    adv.add_change(old)
+    t = T0 - 3 * 3600
+    while t < T0 + 3 * W:
+        adv.exposure.observe("train-a", t, float("nan"))
+        t += W
+    assert adv.candidates(_incident(), "execution") == []
+    adv.add_change(_change("new-driver", T0 - 20, kind="driver"))
+    assert [c.id for c in adv.candidates(_incident(), "execution")] == ["new-driver"]
+    # Without observations (a restart) the plain look-back applies.
+    fresh = Advisor()
+    fresh.add_change(old)
+    assert [c.id for c in fresh.candidates(_incident(), "execution")] == ["old-driver"]

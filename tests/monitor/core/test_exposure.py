@@ -1,0 +1,45 @@
+"""A change the pool already ran at the onset's load without regressing is not the cause."""
+
+from __future__ import annotations
+
+import math
+
+from monitor.core.exposure import PoolExposure
+
+T0, W = 1_000_000.0, 10.0
+
+
+def _fill(exp: PoolExposure, pool: str, start: float, end: float, rate: float) -> None:
+    t = start
+    while t < end:
+        exp.observe(pool, t, rate)
+        t += W
+
+
+def test_a_change_hours_before_a_training_pools_onset_was_tested() -> None:
+    """No request rate (training): every window after the change is a test it passed."""
+    exp = PoolExposure()
+    _fill(exp, "train", T0, T0 + 3 * 3600, math.nan)
+    assert exp.tested("train", T0 + 60, T0 + 3 * 3600 - 600, T0 + 3 * 3600 - 570, W, 6)
+    # right before the onset: not enough clean windows in between
+    assert not exp.tested("train", T0 + 3 * 3600 - 700, T0 + 3 * 3600 - 600,
+                          T0 + 3 * 3600 - 570, W, 6)  # fmt: skip
+
+
+def test_calm_windows_do_not_test_a_change_that_shows_under_burst() -> None:
+    """The first burst after the change is its first test: calm hours before it are none."""
+    exp = PoolExposure()
+    _fill(exp, "serve", T0, T0 + 3600, 100.0)  # calm
+    _fill(exp, "serve", T0 + 3600, T0 + 3900, 180.0)  # the burst the regression shows in
+    assert not exp.tested("serve", T0 + 30, T0 + 3600, T0 + 3630, W, 6)
+    # an earlier burst at that load after the change would have been a test
+    _fill(exp, "serve", T0 + 1200, T0 + 1500, 185.0)
+    assert exp.tested("serve", T0 + 30, T0 + 3600, T0 + 3630, W, 6)
+
+
+def test_nothing_seen_is_no_test_and_old_minutes_are_forgotten() -> None:
+    exp = PoolExposure(span_s=3600)
+    assert not exp.tested("p", T0, T0 + 7200, T0 + 7230, W, 6)
+    _fill(exp, "p", T0, T0 + 1800, math.nan)
+    exp.prune(T0 + 1800 + 3600 + 120)
+    assert not exp.tested("p", T0, T0 + 1800, T0 + 1830, W, 6)
