@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from monitor.core.correlator import LEAD_WINDOWS, Incident
+from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
 from monitor.core.exposure import PoolExposure
 from monitor.indicators import LOAD_FOLLOWING, QUEUEING
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
@@ -141,6 +141,27 @@ class Advisor:
             )
         ]
         return out[::-1]
+
+    def new_cause(self, inc: Incident, p: ChangePoint) -> bool:
+        """Whether a change landed after anything that could explain `inc` and by the first
+        bad window of `p`, of a kind that fits p's stage, where p is: p then has a cause of
+        its own and is not more of `inc`. Two windows after inc's onset: the onset
+        estimate's own uncertainty, within which a change may still be inc's cause."""
+        lo, hi = inc.onset_ts + 2 * inc.window_s, p.onset_ts + p.window_s
+        start = bisect.bisect_right(self._keys, (lo, "\uffff"))
+        for c in self.changes[start:]:
+            if c.ts > hi:
+                break
+            sc = c.scope
+            if (
+                p.stage in KIND_STAGES.get(c.kind, frozenset())
+                and sc.pool in (None, p.pool)
+                and sc.model in (None, p.model)
+                and sc.host in (None, p.host)
+                and sc.device in (None, p.device)
+            ):
+                return True
+        return False
 
     def suggest(
         self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str, level: str = "pool"

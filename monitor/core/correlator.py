@@ -10,7 +10,7 @@ widens from device to host to pool as more of the pool's devices join.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Literal
@@ -392,6 +392,9 @@ class Correlator:
         self.group_window_s = group_window_s
         self.incidents: list[Incident] = []
         self.recent: list[ChangePoint] = []  # non-primary evidence waiting for an incident
+        # Whether a point has a change of its own after an incident's onset (the advisor's
+        # `new_cause`): then it opens its own incident instead of joining that one.
+        self.new_cause: Callable[[Incident, ChangePoint], bool] | None = None
 
     def add(
         self,
@@ -459,13 +462,16 @@ class Correlator:
             and abs(p.onset_ts - inc.anchor_ts) <= self.group_window_s
         )
 
+    def _own_cause(self, inc: Incident, p: ChangePoint) -> bool:
+        return self.new_cause is not None and self.new_cause(inc, p)
+
     def _match(self, p: ChangePoint, pool_size: int) -> Incident | None:
         # A paged incident that has not resolved is still going on: its metric on the
         # same layer moving again (a burst-only regression at the next burst) is that
         # incident, however long after its onset, on one of its devices or, for a
         # pool-wide incident, anywhere in the pool.
         for inc in self.incidents:
-            if inc.status != "open" or inc.alert_id is None:
+            if inc.status != "open" or inc.alert_id is None or self._own_cause(inc, p):
                 continue
             if inc.pool != p.pool or inc.model != p.model:
                 continue
@@ -476,7 +482,7 @@ class Correlator:
             if pool_wide or any(q.device == p.device for q in same):
                 return inc
         for inc in self.incidents:
-            if inc.status == "open" and self._fits(inc, p):
+            if inc.status == "open" and self._fits(inc, p) and not self._own_cause(inc, p):
                 return inc
         return None
 

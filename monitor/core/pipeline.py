@@ -91,6 +91,7 @@ class Pipeline:
         self.correlator = Correlator(settings.alerts.group_window_s)
         self.advisor = Advisor(lookback_s=settings.alerts.change_lookback_s)
         self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
+        self.correlator.new_cause = self.advisor.new_cause
         # Restored incidents whose pages the next batch sends again (`lifecycle.restate`).
         self._to_restate: list[Incident] = []
         self.handed_over: list[str] = []  # alert ids of incidents given up in a rebalance
@@ -437,6 +438,7 @@ class Pipeline:
         snap = decode(blob, IncidentsSnapshot)
         adopted = self.correlator.incidents  # from partition checkpoints restored just before
         self.correlator = Correlator(self.settings.alerts.group_window_s)
+        self.correlator.new_cause = self.advisor.new_cause
         self.correlator.incidents = incidents_of(snap.incidents)
         self.correlator.recent = list(snap.recent)
         known = {incident_key(i) for i in self.correlator.incidents}

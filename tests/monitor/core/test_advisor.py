@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monitor.core.advisor import NEXT_STEP, Advisor, bottleneck_class
-from monitor.core.correlator import ChangePoint, Incident
+from monitor.core.correlator import ChangePoint, Correlator, Incident
 from monitor.wire import ChangeEvent, ChangeScope
 
 T0, W = 1_000_000.0, 10.0
@@ -138,3 +138,34 @@ def test_a_change_the_pool_ran_through_for_hours_is_not_rolled_back() -> None:
     fresh = Advisor()
     fresh.add_change(old)
     assert [c.id for c in fresh.candidates(_incident(), "execution")] == ["old-driver"]
+
+
+def test_a_regression_after_its_own_change_opens_its_own_incident() -> None:
+    """An admission-policy change lands while an overload incident of the pool is open; the
+    queueing regression after it has a cause of its own and does not join that incident.
+    A change that could still be the open incident's own cause (within two windows of
+    its onset) does not split it."""
+    adv = Advisor()
+    corr = Correlator()
+    corr.new_cause = adv.new_cause
+
+    def queue_pt(device: str, onset: float) -> ChangePoint:
+        return ChangePoint(
+            device=device, host=device[:2], pool="serve", model="m@1", layer=None,
+            metric="queue_wait_ms", stage="ingress", onset_ts=onset, detected_ts=onset + 2 * W,
+            before=50.0, after=400.0, score=5.0, window_s=W,
+        )  # fmt: skip
+
+    corr.add([queue_pt(f"h{i}/gpu0", T0) for i in range(4)], T0 + 3 * W)
+    (first,) = corr.incidents
+    adv.add_change(_change("near", T0 + W, kind="traffic_policy", pool="serve"))
+    corr.add([queue_pt("h4/gpu0", T0 + 2 * W)], T0 + 5 * W)
+    assert len(corr.incidents) == 1  # `near` may be its own cause: the same incident
+    adv.add_change(_change("policy", T0 + 120, kind="traffic_policy", pool="serve"))
+    corr.add([queue_pt(f"h{i}/gpu0", T0 + 130) for i in range(4)], T0 + 150)
+    assert len(corr.incidents) == 2
+    assert len(first.points) == 5
+    # A change of a kind that cannot move queueing (a driver) splits nothing.
+    adv.add_change(_change("drv", T0 + 200, kind="driver", pool="serve"))
+    corr.add([queue_pt(f"h{i}/gpu0", T0 + 210) for i in range(4, 6)], T0 + 230)
+    assert len(corr.incidents) == 2
