@@ -300,8 +300,10 @@ class FleetStage:
         self.pages = {p.id: p for p in snap.pages}
         self.named = {k: dict(v) for k, v in snap.named.items()}
         self._sent_names = {k: self._names(k) for k in self.named}
-        held = (*self.correlator.recent, *(
-            p for i in self.correlator.incidents for p in (*i.points, *i.evidence, *i.load)))
+        held = (
+            *self.correlator.recent,
+            *(p for i in self.correlator.incidents for p in (*i.points, *i.evidence, *i.load)),
+        )
         self._seen = {_key(p): p.detected_ts for p in held}
         self._to_restate = [i for i in self.correlator.incidents if i.paging]
         self.restored_ids = {i.alert_id for i in self._to_restate if i.alert_id is not None}

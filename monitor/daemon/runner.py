@@ -231,7 +231,6 @@ class Runner:
             await self.checkpointer.save()
         await self.source.commit()
 
-
     async def _publish(self, reports: list[bytes], log: FilteringBoundLogger) -> None:
         """The batch's fleet-stage reports to the change-point topic, in order."""
         publish = self.publish_report
