@@ -212,16 +212,7 @@ class DaemonCollector(Collector):
         for (paged, scope), n in sorted(open_by.items()):
             incidents.add_metric([paged, scope], n)
         yield incidents
-        if p.fleet is not None:
-            reports = CounterMetricFamily(
-                "flopwatch_fleet_reports",
-                "Change-point reports the fleet stage read (kafka.fleet_stage), by outcome; "
-                "only the member holding the change-point partition reads any.",
-                labels=["outcome"],
-            )
-            reports.add_metric(["taken"], p.fleet.reports)
-            reports.add_metric(["rejected"], p.fleet.rejected)
-            yield reports
+        yield from self._fleet_reports(p)
 
         streams = GaugeMetricFamily(
             "flopwatch_streams", "Streams tracked, by kind (device, layer, pool group).",
@@ -293,6 +284,20 @@ class DaemonCollector(Collector):
         yield mfu
         yield stall
         yield devices
+
+    @staticmethod
+    def _fleet_reports(p: Pipeline) -> Iterator[Metric]:
+        if p.fleet is None:
+            return
+        reports = CounterMetricFamily(
+            "flopwatch_fleet_reports",
+            "Change-point reports the fleet stage read (kafka.fleet_stage), by outcome; "
+            "only the member holding the change-point partition reads any.",
+            labels=["outcome"],
+        )
+        reports.add_metric(["taken"], p.fleet.reports)
+        reports.add_metric(["rejected"], p.fleet.rejected)
+        yield reports
 
     @staticmethod
     def _stream_limits(p: Pipeline) -> Iterator[Metric]:

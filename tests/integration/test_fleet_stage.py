@@ -17,11 +17,13 @@ from aiokafka import AIOKafkaConsumer
 from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet
 from kafka_helpers import produce
+from prometheus_client import CollectorRegistry
 
 from monitor.config import Settings
 from monitor.core.pipeline import Pipeline
 from monitor.core.types import RawMessage
 from monitor.daemon.embedded import EmbeddedBroker, ensure_topics
+from monitor.daemon.prometheus import register_metrics
 from monitor.wire import Alert
 
 pytestmark = pytest.mark.integration
@@ -187,6 +189,13 @@ async def test_two_replicas_with_different_pools_send_one_fleet_page(
         other = b if stage is a else a
         assert any(x.scope.level == "fleet" for x in stage.sink.alerts)
         assert not any(x.scope.level == "fleet" for x in other.sink.alerts)
+        # What /metrics says there: the reports it read, its open fleet alert.
+        reg = register_metrics(CollectorRegistry(), stage.runner, stage.source, None, None)
+        assert reg.get_sample_value("flopwatch_fleet_reports_total", {"outcome": "taken"}) > 0
+        assert reg.get_sample_value("flopwatch_fleet_reports_total",
+                                    {"outcome": "rejected"}) == 0  # fmt: skip
+        assert reg.get_sample_value("flopwatch_incidents_open",
+                                    {"paged": "true", "scope": "fleet"}) == 1  # fmt: skip
     finally:
         await b.stop()
         await a.stop()
