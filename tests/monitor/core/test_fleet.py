@@ -167,3 +167,35 @@ def test_without_the_option_nothing_is_reported() -> None:
     p = Pipeline(Settings())
     assert p.fleet is None
     assert not any(p.process(b).reports for b in rollout(windows=60))
+
+
+def staggered(gap: int) -> list[list[RawMessage]]:
+    """train-a drops at window 49 after the rollout, train-b `gap` windows later."""
+    a = fleet(90, regress_at=49, change_at=48, regress_pool="train-a", change_kind="driver",
+              change_scope={}, kernel_fallback=False)  # fmt: skip
+    b = fleet(90, regress_at=49 + gap, regress_pool="train-b", kernel_fallback=False, seed=3)
+    return by_pool([
+        [m for m in ba if m.topic == "flopwatch.changes" or b'"train-a"' in m.value]
+        + [m for m in bb if m.topic != "flopwatch.changes" and b'"train-b"' in m.value]
+        for ba, bb in zip(a, b, strict=True)
+    ])  # fmt: skip
+
+
+def test_a_pool_that_paged_alone_first_keeps_its_id_and_the_fleet_alert_has_its_own() -> None:
+    """The one documented difference from a single daemon: when train-a pages before
+    train-b is sure (4 windows later), that daemon turns train-a's alert into the fleet
+    alert under train-a's id. Across replicas that id is train-a's replica's pool alert, so
+    the stage sends its fleet alert under the fleet fingerprint instead: one fleet id, never
+    one shared with a pool alert."""
+    batches = staggered(4)
+    one = single(batches)
+    (first,) = {a.id for a in one}
+    assert {a.scope.level for a in one} == {"pool", "fleet"}
+    r = Replicas()
+    r.run(batches)
+    pool_ids = {a.scope.pool: a.id for a in r.level("pool")}
+    assert pool_ids["train-a"] == first
+    fleet_ids = {a.id for a in r.level("fleet")}
+    assert len(fleet_ids) == 1
+    assert not fleet_ids & set(pool_ids.values())
+    assert r.level("fleet")[-1].pool_alerts == sorted(pool_ids.values())
