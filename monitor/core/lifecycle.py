@@ -99,6 +99,8 @@ class AlertLifecycle:
         self.s = settings
         self.advisor = advisor
         self.fleet = fleet
+        # `only`: when each unpaged incident was sure, and on what (`_sure_at`).
+        self._sure: dict[int, tuple[Incident, tuple[int, ...], float | None]] = {}
         self.states: dict[str, AlertState] = {}  # by alert id, for paged incidents
         # Known devices per host, as of the last `due`: what makes a host's devices a host.
         self.host_sizes: Mapping[str | None, int] = {}
@@ -139,14 +141,8 @@ class AlertLifecycle:
     ) -> list[Alert]:
         """Alerts to send now: first pages after settling, and growth updates."""
         out: list[Alert] = []
-        sure_at: dict[int, float] = {}
         self.host_sizes = host_sizes or {}
-        for inc in incidents:
-            if inc.status == "open" and inc.alert_id is None:
-                n_pool = inc.pool_devices(pool_devices)
-                sure = self._sure_at(inc, n_pool, host_sizes)
-                if sure is not None:
-                    sure_at[id(inc)] = sure
+        sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
         for inc in incidents:
             # (The fleet stage leaves one pool's incident to the replica that holds it.)
@@ -214,6 +210,24 @@ class AlertLifecycle:
         """An incident of one pool, in the fleet stage (its replica sends that alert)."""
         return self.fleet == "only" and not inc.children
 
+    def _sure_times(
+        self,
+        incidents: list[Incident],
+        pool_devices: dict[PoolKey, int],
+        host_sizes: Mapping[str | None, int] | None,
+    ) -> dict[int, float]:
+        """When each open incident that has not paged became sure, by `id`; unsure left out."""
+        if self._sure:
+            held = {id(i) for i in incidents if i.alert_id is None}
+            self._sure = {k: v for k, v in self._sure.items() if k in held}
+        sure_at: dict[int, float] = {}
+        for inc in incidents:
+            if inc.status == "open" and inc.alert_id is None:
+                sure = self._sure_at(inc, inc.pool_devices(pool_devices), host_sizes)
+                if sure is not None:
+                    sure_at[id(inc)] = sure
+        return sure_at
+
     def _sure_at(
         self, inc: Incident, n_pool: int, host_sizes: Mapping[str | None, int] | None
     ) -> float | None:
@@ -223,12 +237,22 @@ class AlertLifecycle:
         larger batch sees later evidence (another primary metric, say) and must still find
         the moment, and so the id, a smaller one found.
         """
+        key = (len(inc.points), len(inc.evidence), len(inc.load), n_pool)
+        hit = self._sure.get(id(inc))
+        if hit is not None and hit[0] is inc and hit[1] == key:
+            return hit[2]
+        found = None
         for t in sorted({p.detected_ts for p in inc.points}):
             then = inc.as_of(t)
             sure = then.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
             if sure is not None and sure <= t:
-                return sure
-        return None
+                found = sure
+                break
+        if self.fleet == "only":
+            # The stage never pages one pool's incident, so it would judge each again at
+            # every batch while it stays open: the answer holds until the incident grows.
+            self._sure[id(inc)] = (inc, key, found)
+        return found
 
     def _view(
         self, inc: Incident, pool_devices: dict[PoolKey, int]
