@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer
 from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet
-from kafka_helpers import produce
+from kafka_helpers import isolated_settings, produce
 from prometheus_client import CollectorRegistry
 
 from monitor.config import Settings
@@ -262,3 +269,56 @@ async def test_the_member_taking_the_change_point_partition_takes_the_fleet_page
         for d in (a, b):
             if not d.task.done():
                 await d.stop()
+
+
+def test_flopwatch_run_with_the_fleet_stage(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """`flopwatch run` as a process, one replica holding both pools: it pages each pool at
+    pool scope and, through its own change-point partition, the fleet alert under the
+    single-daemon id; it stops with 0."""
+    s = isolated_settings(broker)
+    kafka = s.kafka.model_copy(update={"repartition": True, "fleet_stage": True})
+    t = kafka.topics
+    asyncio.run(ensure_topics(kafka))
+    batches = rollout("*")
+    (want,) = single_replica_ids(batches)["fleet"]
+    out, log = tmp_path / "alerts.jsonl", tmp_path / "run.log"
+    env = {**os.environ, "FLOPWATCH_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+           "FLOPWATCH_CHECKPOINT__KEY": "test-checkpoint-key",
+           "FLOPWATCH_KAFKA__GROUP_ID": kafka.group_id, "FLOPWATCH_KAFKA__REPARTITION": "true",
+           "FLOPWATCH_KAFKA__FLEET_STAGE": "true",
+           "FLOPWATCH_KAFKA__TOPICS__CHANGE_POINTS": t.change_points,
+           "FLOPWATCH_KAFKA__TOPICS__SAMPLES": t.samples, "FLOPWATCH_KAFKA__TOPICS__BY_POOL":
+           t.by_pool, "FLOPWATCH_KAFKA__TOPICS__CHANGES": t.changes,
+           "FLOPWATCH_KAFKA__TOPICS__ALERTS": t.alerts, "FLOPWATCH_KAFKA__TOPICS__DLQ": t.dlq,
+           "FLOPWATCH_KAFKA__TOPICS__STATE": t.state, "FLOPWATCH_SINKS__CONSOLE": "false",
+           "FLOPWATCH_SINKS__JSONL_PATH": str(out), "FLOPWATCH_LOG_FORMAT": "json",
+           "FLOPWATCH_HTTP_PORT": "0"}  # fmt: skip
+
+    def alerts() -> list[dict[str, Any]]:
+        text = out.read_text() if out.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "monitor", "run"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        try:
+            asyncio.run(produce(s.model_copy(update={"kafka": kafka}), batches))
+            deadline = time.monotonic() + 90
+            while not any(a["scope"]["level"] == "fleet" and len(a.get("pool_alerts", [])) == 2
+                          for a in alerts()):  # fmt: skip
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, "no fleet alert naming both pool alerts"
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+    assert code == 0, log.read_text()[-2000:]
+    started = [json.loads(line) for line in log.read_text().splitlines()
+               if '"event": "started"' in line]  # fmt: skip
+    assert started[0]["fleet_stage"] is True
+    got = alerts()
+    assert {a["id"] for a in got if a["scope"]["level"] == "fleet"} == {want}
+    pools = {a["scope"]["pool"]: a["id"] for a in got if a["scope"]["level"] == "pool"}
+    assert set(pools) == {"train-a", "train-b"}
+    last = [a for a in got if a["scope"]["level"] == "fleet"][-1]
+    assert last["pool_alerts"] == sorted(pools.values())
