@@ -38,6 +38,9 @@ class Topics(_Frozen):
     state: str = "flopwatch.state"
     # Not in the contract: flopwatch's own copy of the samples keyed by pool (`repartition`).
     by_pool: str = "flopwatch.samples.by-pool"
+    # Not in the contract: each replica's change points for the fleet stage (`fleet_stage`),
+    # all under one key (the fleet), so that one partition and one member see them all.
+    change_points: str = "flopwatch.change-points"
 
 
 class KafkaSettings(_Frozen):
@@ -65,6 +68,12 @@ class KafkaSettings(_Frozen):
         default=False,
         description="re-key the samples by pool onto topics.by_pool and consume that, so each "
         "member sees whole pools (turn on with more than one replica)",
+    )
+    fleet_stage: bool = Field(
+        default=False,
+        description="publish each replica's change points to topics.change_points and run the "
+        "fleet correlation on the member that owns that topic's fleet partition: one "
+        "fleet-scope alert across replicas (turn on with repartition and more than one replica)",
     )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"] = (

@@ -166,7 +166,7 @@ class Suggestion(msgspec.Struct, frozen=True, rename={"from_": "from"}):
     scope: ChangeScope | None = None
 
 
-class Alert(msgspec.Struct, frozen=True):
+class Alert(msgspec.Struct, frozen=True, omit_defaults=True):
     """An incident alert (contract §5), keyed by its deterministic `id`."""
 
     v: Literal[1]
@@ -188,6 +188,9 @@ class Alert(msgspec.Struct, frozen=True):
     suggestion: Suggestion
     summary: str
     runbook: str
+    # Optional (absent when empty): on a fleet-scope alert of the fleet stage across
+    # replicas (`kafka.fleet_stage`), the ids of the pool alerts its replicas sent for it.
+    pool_alerts: list[str] = msgspec.field(default_factory=list)
 
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

@@ -20,6 +20,8 @@ from monitor.daemon.http import HttpServer
 from monitor.daemon.prometheus import register_metrics
 from monitor.daemon.repartition import Repartitioner
 from monitor.daemon.runner import Runner
+from monitor.sinks.base import Sink
+from monitor.sinks.kafka import KafkaSink
 from monitor.sinks.memory import ListSink
 from monitor.sources.kafka import KafkaSource
 
@@ -53,6 +55,9 @@ class Daemon:
     # With `kafka.repartition` on: the copy stage, run beside the runner as `flopwatch run` does.
     rep: Repartitioner | None = None
     rep_task: asyncio.Task[None] | None = None
+    # With `kafka.fleet_stage` on: the Kafka sink, which publishes the fleet-stage reports
+    # and also sends the alerts to the alerts topic, as `flopwatch run` does.
+    kafka_sink: KafkaSink | None = None
 
     async def setup(self, http: bool = False) -> Daemon:
         """Build everything (and start /metrics) without joining the group yet."""
@@ -63,8 +68,14 @@ class Daemon:
         self.checkpointer = Checkpointer(self.source, self.pipeline, store,
                                          self.settings.checkpoint, clock=self.clock)  # fmt: skip
         self.source.hooks = self.checkpointer
-        self.runner = Runner(self.source, self.pipeline, [self.sink],
-                             checkpointer=self.checkpointer)  # fmt: skip
+        sinks: list[Sink] = [self.sink]
+        if self.settings.kafka.fleet_stage:
+            self.kafka_sink = KafkaSink(self.settings.kafka)
+            await self.kafka_sink.start()
+            sinks.append(self.kafka_sink)
+        self.runner = Runner(self.source, self.pipeline, sinks, checkpointer=self.checkpointer,
+                             publish_report=self.kafka_sink.send_report if self.kafka_sink
+                             else None)  # fmt: skip
         if http:
             registry = register_metrics(CollectorRegistry(), self.runner, self.source,
                                         self.checkpointer, lambda: self.source.ready)  # fmt: skip
@@ -108,6 +119,8 @@ class Daemon:
             await self.http.close()
         await self.source.close()
         await self.checkpointer.close()
+        if self.kafka_sink is not None:
+            await self.kafka_sink.close()
 
     @property
     def records(self) -> int:

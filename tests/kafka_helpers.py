@@ -23,7 +23,8 @@ def isolated_settings(broker: EmbeddedBroker) -> Settings:
     """Settings with fresh topic names and group id, so tests never see each other's data."""
     run = uuid.uuid4().hex[:8]
     topics = Topics(samples=f"s-{run}", changes=f"c-{run}", alerts=f"a-{run}", dlq=f"d-{run}",
-                    state=f"st-{run}", by_pool=f"bp-{run}")  # fmt: skip
+                    state=f"st-{run}", by_pool=f"bp-{run}",
+                    change_points=f"cp-{run}")  # fmt: skip
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, group_id=f"g-{run}", topics=topics,
                           poll_timeout_ms=300)  # fmt: skip
     return Settings(kafka=kafka)

@@ -22,6 +22,10 @@ that takes the partition over in a rebalance restores the incident with it. The
 member-wide incidents checkpoint, keyed by its lowest partition, is restored only
 when it was written together with at least one restored partition checkpoint
 (same recorded offset), so stale incidents of an old assignment never come back.
+
+The fleet stage (`kafka.fleet_stage`, `core/fleet.py`) is stored with the change-point
+partition it reads, under `<group_id>/<change-point topic>/<partition>` with that
+partition's next offset, and restored by whichever member is assigned that partition.
 """
 
 from __future__ import annotations
@@ -101,6 +105,11 @@ class Checkpointer:
         self._incidents_saved: tuple[object, ...] | None = None
         self._incidents_restored = False
         self._parked: dict[int, int] = {}  # revoked, kept in memory in case they come back
+        # The fleet stage's change-point topic (None: no fleet stage), the (partition, offset)
+        # of its stored state, and its revoked partition kept in memory like `_parked`.
+        self.points_topic = kafka.topics.change_points if kafka.fleet_stage else None
+        self._fleet_saved: tuple[int, int] | None = None
+        self._fleet_parked: dict[int, int] = {}
 
     def partition_key(self, partition: int) -> str:
         """Base key of one samples partition's state."""
@@ -109,6 +118,10 @@ class Checkpointer:
     def incidents_key(self, lowest: int) -> str:
         """Base key of the incidents of the member whose lowest partition is `lowest`."""
         return f"{self.group}/{self.topic}/incidents/{lowest}"
+
+    def fleet_key(self, partition: int) -> str:
+        """Base key of the fleet stage's state, stored with its change-point partition."""
+        return f"{self.group}/{self.points_topic}/{partition}"
 
     def saved_offsets(self) -> dict[int, int]:
         """Per samples partition, the next offset its newest stored checkpoint covers."""
@@ -157,7 +170,25 @@ class Checkpointer:
                 )  # fmt: skip
                 if w is not None:
                     self._incidents_saved = state
+        await self._save_fleet(offsets)
         self.stats.last_write_s = time.perf_counter() - t0
+
+    async def _save_fleet(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Store the fleet stage's state with its change-point partition, when it moved on."""
+        fleet = self.pipeline.fleet
+        if self.points_topic is None or fleet is None or fleet.partition is None:
+            return
+        p = fleet.partition
+        offset = offsets.get(TopicPartition(self.points_topic, p))
+        if offset is None or self._fleet_saved == (p, offset):
+            return
+        blob = self.pipeline.snapshot_fleet()
+        if blob is None:
+            return
+        w = await self._write(self.fleet_key(p), blob, {offset_key(self.points_topic, p): offset},
+                              fleet.watermark(), p)  # fmt: skip
+        if w is not None:
+            self._fleet_saved = (p, offset)
 
     async def _write(
         self, key: str, blob: bytes, offsets: dict[str, int], watermark: float | None, hint: int
@@ -184,6 +215,11 @@ class Checkpointer:
             for tp, o in offsets.items()
             if tp.topic == self.topic and tp in partitions
         }
+        self._fleet_parked = {
+            tp.partition: o
+            for tp, o in offsets.items()
+            if tp.topic == self.points_topic and tp in partitions
+        }
 
     async def assigned(self, partitions: Set[TopicPartition]) -> dict[TopicPartition, int]:
         """Restore newly assigned partitions from their newest usable checkpoint.
@@ -196,6 +232,7 @@ class Checkpointer:
         seeks = {
             TopicPartition(self.topic, p): self._parked[p] for p in samples if p in self._parked
         }
+        seeks.update(await self._assigned_fleet(partitions))
         for p in set(self._parked) - set(samples):
             self._forget(p)
         self._parked = {}
@@ -225,6 +262,48 @@ class Checkpointer:
         self.log.info("checkpoints restored", partitions=sorted(restored),
                       fresh=len(fresh) - len(restored),
                       seconds=round(self.stats.last_restore_s, 3))  # fmt: skip
+        return seeks
+
+    async def _assigned_fleet(self, partitions: Set[TopicPartition]) -> dict[TopicPartition, int]:
+        """The change-point partitions of this assignment: the fleet stage kept (it came
+        back), handed over (it went elsewhere) or restored from its checkpoint."""
+        if self.points_topic is None:
+            return {}
+        topic = self.points_topic
+        mine = sorted(tp.partition for tp in partitions if tp.topic == topic)
+        parked, self._fleet_parked = self._fleet_parked, {}
+        fleet = self.pipeline.fleet
+        held = fleet.partition if fleet is not None else None
+        if held is not None and held not in mine:
+            self.pipeline.forget_fleet()
+            self._fleet_saved = None
+        seeks = {TopicPartition(topic, p): parked[p] for p in mine if p in parked}
+        fresh = [p for p in mine if p not in parked]
+        if not fresh:
+            return seeks
+        found = await self.store.load({self.fleet_key(p): p for p in fresh})
+        for p in fresh:
+            for cp in found.get(self.fleet_key(p), []):
+                offset = cp.offsets.get(offset_key(topic, p))
+                if offset is None:
+                    self.stats.restore_failures += 1
+                    continue
+                try:
+                    blob = await asyncio.to_thread(cp.payload)
+                    self.pipeline.restore_fleet(p, blob)
+                except StateVersionError as exc:
+                    self._version_mismatch(cp, exc)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a bad checkpoint must never stop the daemon
+                    self.stats.restore_failures += 1
+                    self.log.warning("unusable fleet checkpoint, trying an older one",
+                                     key=cp.key, checkpoint=cp.id, reason=repr(exc))  # fmt: skip
+                    continue
+                self.stats.incident_restores += 1
+                self._fleet_saved = (p, offset)
+                seeks[TopicPartition(topic, p)] = offset
+                self.log.info("fleet stage restored", partition=p, checkpoint=cp.id)
+                break
         return seeks
 
     async def _restore_partition(self, p: int, candidates: list[Checkpoint]) -> int | None:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import median
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -64,6 +64,11 @@ def fingerprint(*parts: object) -> str:
 # the fleet alert then hid the host incident (`fleet_day`, seed 6). A rollout staged pool by
 # pool pages per pool, each with its own change to roll back.
 FLEET_ONSET_WINDOWS = 6
+# Who links the incidents of several pools into one fleet alert: `link`, this lifecycle (one
+# daemon holding the whole fleet); `off`, nobody here (a replica of several, whose pools the
+# fleet stage links, `core.fleet`); `only`, this lifecycle and it sends nothing else (the
+# fleet stage: a pool's own alert is its replica's to send).
+FleetMode = Literal["link", "off", "only"]
 _RANK: dict[Severity, int] = {"info": 0, "ticket": 1, "page": 2}
 
 
@@ -88,9 +93,14 @@ class AlertState:
 class AlertLifecycle:
     """Decides when incidents emit alert records and renders them (contract §5)."""
 
-    def __init__(self, settings: AlertSettings, advisor: Advisor) -> None:
+    def __init__(
+        self, settings: AlertSettings, advisor: Advisor, fleet: FleetMode = "link"
+    ) -> None:
         self.s = settings
         self.advisor = advisor
+        self.fleet = fleet
+        # `only`: when each unpaged incident was sure, and on what (`_sure_at`).
+        self._sure: dict[int, tuple[Incident, tuple[int, ...], float | None]] = {}
         self.states: dict[str, AlertState] = {}  # by alert id, for paged incidents
         # Known devices per host, as of the last `due`: what makes a host's devices a host.
         self.host_sizes: Mapping[str | None, int] = {}
@@ -131,17 +141,12 @@ class AlertLifecycle:
     ) -> list[Alert]:
         """Alerts to send now: first pages after settling, and growth updates."""
         out: list[Alert] = []
-        sure_at: dict[int, float] = {}
         self.host_sizes = host_sizes or {}
-        for inc in incidents:
-            if inc.status == "open" and inc.alert_id is None:
-                n_pool = inc.pool_devices(pool_devices)
-                sure = self._sure_at(inc, n_pool, host_sizes)
-                if sure is not None:
-                    sure_at[id(inc)] = sure
+        sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
         for inc in incidents:
-            if inc.status != "open" or inc.parent is not None:
+            # (The fleet stage leaves one pool's incident to the replica that holds it.)
+            if inc.status != "open" or inc.parent is not None or self._not_ours(inc):
                 continue
             fleet = bool(inc.children)
             view, n_pool, level = self._view(inc, pool_devices)
@@ -201,6 +206,28 @@ class AlertLifecycle:
             out.append(self.render(view, now_ts, n_pool, "firing", level=level))
         return out
 
+    def _not_ours(self, inc: Incident) -> bool:
+        """An incident of one pool, in the fleet stage (its replica sends that alert)."""
+        return self.fleet == "only" and not inc.children
+
+    def _sure_times(
+        self,
+        incidents: list[Incident],
+        pool_devices: dict[PoolKey, int],
+        host_sizes: Mapping[str | None, int] | None,
+    ) -> dict[int, float]:
+        """When each open incident that has not paged became sure, by `id`; unsure left out."""
+        if self._sure:
+            held = {id(i) for i in incidents if i.alert_id is None}
+            self._sure = {k: v for k, v in self._sure.items() if k in held}
+        sure_at: dict[int, float] = {}
+        for inc in incidents:
+            if inc.status == "open" and inc.alert_id is None:
+                sure = self._sure_at(inc, inc.pool_devices(pool_devices), host_sizes)
+                if sure is not None:
+                    sure_at[id(inc)] = sure
+        return sure_at
+
     def _sure_at(
         self, inc: Incident, n_pool: int, host_sizes: Mapping[str | None, int] | None
     ) -> float | None:
@@ -210,12 +237,22 @@ class AlertLifecycle:
         larger batch sees later evidence (another primary metric, say) and must still find
         the moment, and so the id, a smaller one found.
         """
+        key = (len(inc.points), len(inc.evidence), len(inc.load), n_pool)
+        hit = self._sure.get(id(inc))
+        if hit is not None and hit[0] is inc and hit[1] == key:
+            return hit[2]
+        found = None
         for t in sorted({p.detected_ts for p in inc.points}):
             then = inc.as_of(t)
             sure = then.confirmed_at(n_pool, self.s.min_devices, self.s.min_fraction, host_sizes)
             if sure is not None and sure <= t:
-                return sure
-        return None
+                found = sure
+                break
+        if self.fleet == "only":
+            # The stage never pages one pool's incident, so it would judge each again at
+            # every batch while it stays open: the answer holds until the incident grows.
+            self._sure[id(inc)] = (inc, key, found)
+        return found
 
     def _view(
         self, inc: Incident, pool_devices: dict[PoolKey, int]
@@ -231,6 +268,8 @@ class AlertLifecycle:
     def _link_fleet(self, incidents: list[Incident], sure_at: dict[int, float]) -> None:
         """Fold same-metric, same-layer incidents of different pools with close onsets into
         one fleet incident (a driver or firmware rollout hits every pool at once)."""
+        if self.fleet == "off":
+            return
         live = [
             i for i in incidents
             if i.status == "open" and i.parent is None and (i.alert_id or id(i) in sure_at)

@@ -19,6 +19,7 @@ from monitor.arrays import F64, I64
 from monitor.config import Settings, catalog_from
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import AGGREGATE, ChangePoint, Correlator, Incident
+from monitor.core.fleet import REPORT_VERSION, FleetStage, Report, encode_report, page_of
 from monitor.core.lifecycle import AlertLifecycle, AlertState
 from monitor.core.state import (
     STATE_VERSION,
@@ -90,8 +91,14 @@ class Pipeline:
         self.partition_ts: dict[int, float] = {}  # event time each partition has reached
         self.correlator = Correlator(settings.alerts.group_window_s)
         self.advisor = Advisor(lookback_s=settings.alerts.change_lookback_s)
-        self.lifecycle = AlertLifecycle(settings.alerts, self.advisor)
+        # With the fleet stage (`kafka.fleet_stage`) pools are linked into fleet alerts there,
+        # over every replica's change points, never here on this replica's share.
+        fleet_stage = settings.kafka.fleet_stage
+        self.lifecycle = AlertLifecycle(settings.alerts, self.advisor,
+                                        fleet="off" if fleet_stage else "link")  # fmt: skip
         self.correlator.new_cause = self.advisor.new_cause
+        # Runs on whichever member the change-point partition is assigned to (idle elsewhere).
+        self.fleet = FleetStage(settings, self.advisor) if fleet_stage else None
         # Restored incidents whose pages the next batch sends again (`lifecycle.restate`).
         self._to_restate: list[Incident] = []
         self.handed_over: list[str] = []  # alert ids of incidents given up in a rebalance
@@ -133,7 +140,8 @@ class Pipeline:
         not fired again first.
         """
         out = Output()
-        samples = self._decode(batch, out, wall_ts)
+        reports: list[RawMessage] = []
+        samples = self._decode(batch, out, wall_ts, reports)
         points: list[ChangePoint] = []
         views: list[NormView] = []
         for part, items in sorted(samples.items()):
@@ -163,8 +171,83 @@ class Pipeline:
             ]
         elif not replaying:
             self._restored_ids.clear()
+        if self.fleet is not None:
+            self._fleet(samples, points, reports, out, replaying)
         self.stats.alerts_out += len(out.alerts)
         return out
+
+    def _fleet(
+        self, samples: dict[int, list[tuple[RawMessage, WindowRecord]]],
+        points: list[ChangePoint], reports: list[RawMessage], out: Output, replaying: bool,
+    ) -> None:  # fmt: skip
+        """This batch's report for the fleet stage; the reports read, through the stage."""
+        assert self.fleet is not None  # noqa: S101 - only called with the stage on
+        try:
+            if samples:
+                out.reports = [encode_report(r) for r in self._reports(samples, points, out.alerts)]
+            if reports:
+                alerts, dead = self.fleet.add(reports, replaying=replaying)
+                out.alerts.extend(alerts)
+                out.dead.extend(dead)
+        except Exception as exc:  # noqa: BLE001 - a bug must not stop the daemon
+            self.stats.internal_errors += 1
+            self.errors.append(exc)
+
+    def _reports(
+        self, samples: dict[int, list[tuple[RawMessage, WindowRecord]]],
+        points: list[ChangePoint], alerts: list[Alert],
+    ) -> list[Report]:  # fmt: skip
+        """What the fleet stage needs of this batch: its change points, the event time and
+        (pool, model) devices of the partitions it read, its hosts' sizes, its alerts. The
+        points go `REPORT_POINTS` to a report, so that one stays well under the broker's
+        message size; the first report carries the rest."""
+        parts = sorted(p for p in samples if p in self.partition_ts)
+        pools = {}
+        for p in parts:
+            c = Counter((d.pool, d.model) for d in self.partitions[p].table.devices.values())
+            pools[p] = [(pool, model, n) for (pool, model), n in c.items()]
+        hosts: dict[str, int] = {}
+        wanted = {p.host for p in points if p.host}
+        if wanted:
+            for st in self.partitions.values():
+                for d in st.table.devices.values():
+                    if d.host in wanted:
+                        hosts[d.host] = hosts.get(d.host, 0) + 1
+        first = Report(
+            REPORT_VERSION, {p: self.partition_ts[p] for p in parts}, pools, hosts,
+            points[:REPORT_POINTS], [page_of(a) for a in alerts if a.scope.level != "fleet"],
+        )  # fmt: skip
+        more = [Report(REPORT_VERSION, {}, {}, {}, points[i : i + REPORT_POINTS], [])
+                for i in range(REPORT_POINTS, len(points), REPORT_POINTS)]  # fmt: skip
+        return [first, *more]
+
+    def snapshot_fleet(self) -> bytes | None:
+        """The fleet stage's state, or None when this member holds none."""
+        if self.fleet is None or self.fleet.partition is None:
+            return None
+        return self.fleet.snapshot()
+
+    def restore_fleet(self, partition: int, blob: bytes) -> None:
+        """Take the fleet stage over from its checkpoint (StateVersionError: another
+        version's); its firing alerts are sent again with the next batch."""
+        assert self.fleet is not None  # noqa: S101 - only with the stage on
+        self.fleet.restore(blob, partition)
+
+    def forget_fleet(self) -> list[str]:
+        """Drop the fleet stage's state (its partition went to another member); returns the
+        fleet alert ids the sinks must stop keeping alive."""
+        if self.fleet is None:
+            return []
+        ids = self.fleet.forget()
+        self.handed_over.extend(ids)
+        return ids
+
+    def alert_states(self) -> dict[str, AlertState]:
+        """The alert state of every paged incident held here, the fleet stage's included
+        (the runner keeps the sinks' delivery state in them)."""
+        if self.fleet is None:
+            return self.lifecycle.states
+        return {**self.lifecycle.states, **self.fleet.lifecycle.states}
 
     def _ingest(
         self, part: int, items: list[tuple[RawMessage, WindowRecord]], out: Output,
@@ -240,13 +323,19 @@ class Pipeline:
             self.advisor.exposure.observe(table.group_key(gid)[0], ts, load)
 
     def _decode(
-        self, batch: list[RawMessage], out: Output, wall_ts: float | None
-    ) -> dict[int, list[tuple[RawMessage, WindowRecord]]]:
-        """Window records by input partition; change events go to the advisor."""
+        self, batch: list[RawMessage], out: Output, wall_ts: float | None,
+        reports: list[RawMessage],
+    ) -> dict[int, list[tuple[RawMessage, WindowRecord]]]:  # fmt: skip
+        """Window records by input partition; change events go to the advisor, the fleet
+        stage's reports (with `kafka.fleet_stage`) to `reports`."""
         samples: dict[int, list[tuple[RawMessage, WindowRecord]]] = {}
         changes_topic = self.settings.kafka.topics.changes
+        points_topic = self.settings.kafka.topics.change_points if self.fleet else None
         limit = self.settings.limits.max_future_s
         for msg in batch:
+            if msg.topic == points_topic:
+                reports.append(msg)
+                continue
             try:
                 if msg.topic == changes_topic:
                     self.advisor.add_change(self.codec.decode_change(msg.value))
@@ -573,6 +662,9 @@ class Pipeline:
         return out
 
 
+# Change points per fleet report: about 300 bytes each in msgpack, so a report stays near
+# 300 kB, under Kafka's default 1 MiB `max.message.bytes`.
+REPORT_POINTS = 1000
 _DEVICE_KINDS = tuple(k for k in STREAM_KINDS if not k.aggregate)
 # Per column set: the columns judged on their complement (`indicators.COMPLEMENT`).
 _COMPLEMENT_COLS = {

@@ -193,15 +193,43 @@ class IncidentsSnapshot(msgspec.Struct, frozen=True):
     alerts: dict[str, AlertState]
 
 
+class PoolPage(msgspec.Struct, frozen=True):
+    """A replica's own alert (pool, host or device scope) as the fleet stage keeps it: to
+    name it on the fleet alert, and to resolve the fleet alert when its pools are fixed."""
+
+    id: str
+    status: str  # firing | resolved
+    ts: float
+    pool: str | None
+    model: str | None
+    metric: str
+    onset_ts: float
+
+
+class FleetSnapshot(msgspec.Struct, frozen=True):
+    """The fleet stage's checkpoint payload (`core.fleet`), stored with the change-point
+    partition it reads."""
+
+    v: int
+    incidents: list[IncidentRecord]
+    recent: list[ChangePoint]
+    alerts: dict[str, AlertState]
+    partition_ts: dict[int, float]  # per input partition of the replicas: event time reached
+    pools: dict[int, list[tuple[str | None, str | None, int]]]  # ... its (pool, model, devices)
+    hosts: dict[str, int]
+    pages: list[PoolPage]
+    named: dict[str, dict[str, str]]  # fleet alert id -> pool -> the pool alert it names
+
+
 _encoder = msgspec.msgpack.Encoder()
 
 
-def encode(payload: PartitionSnapshot | IncidentsSnapshot) -> bytes:
+def encode(payload: PartitionSnapshot | IncidentsSnapshot | FleetSnapshot) -> bytes:
     """Checkpoint bytes of a payload."""
     return _encoder.encode(payload)
 
 
-_P = TypeVar("_P", PartitionSnapshot, IncidentsSnapshot)
+_P = TypeVar("_P", PartitionSnapshot, IncidentsSnapshot, FleetSnapshot)
 
 
 def decode(blob: bytes, kind: type[_P]) -> _P:

@@ -34,6 +34,9 @@ class Output:
 
     alerts: list[Alert] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
+    # With `kafka.fleet_stage`: this batch's reports for the fleet stage (`core.fleet`), to
+    # publish on the change-point topic in order; none when the batch held no window record.
+    reports: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,11 @@ def _close_on_exit(stack: AsyncExitStack, part: object) -> None:
 
 async def assemble(stack: AsyncExitStack, settings: Settings, wiring: Wiring) -> Daemon:
     """Build and start every part of a daemon; each is closed when `stack` unwinds."""
+    if wiring.source is not None and settings.kafka.fleet_stage:
+        # One process reads the whole input (a recording, the simulator): it links the
+        # pools into fleet alerts itself; there is no change-point topic to go through.
+        kafka = settings.kafka.model_copy(update={"fleet_stage": False})
+        settings = settings.model_copy(update={"kafka": kafka})
     pipeline = Pipeline(settings)
     if wiring.source is not None:
         sinks = await _start_sinks(stack, settings, wiring, None)
@@ -229,10 +234,12 @@ async def _assemble_kafka(
         # setting to fix (the supervisor restarts the pod either way).
         raise UsageError(f"cannot start against Kafka at {kafka.bootstrap_servers}: {exc}") from exc
     sinks = await _start_sinks(stack, settings, wiring, kafka_sink)
+    publish = kafka_sink.send_report if kafka.fleet_stage else None
     runner = Runner(source, pipeline, sinks,
                     dead_letters=wiring.dead_letters or kafka_sink.send_dead,
                     stop_when_idle=wiring.stop_when_idle, checkpointer=checkpointer,
-                    wall_clock=time.time, drain_s=settings.sinks.drain_s)  # fmt: skip
+                    wall_clock=time.time, drain_s=settings.sinks.drain_s,
+                    publish_report=publish)  # fmt: skip
     daemon = Daemon(settings, source, pipeline, sinks, runner, checkpointer, rep)
     if wiring.http_host is not None:
         host = settings.http_host or wiring.http_host
@@ -300,6 +307,7 @@ async def serve(settings: Settings, wiring: Wiring | None = None) -> int:
         log.info("started", bootstrap=settings.kafka.bootstrap_servers,
                  group=settings.kafka.group_id, http_port=http.port if http else None,
                  repartition=daemon.repartitioner is not None,
+                 fleet_stage=daemon.pipeline.fleet is not None,
                  sinks=[type(s).__name__ for s in daemon.sinks])  # fmt: skip
         code = await run_daemon(daemon, stack)
         log.info("stopped", **daemon.pipeline.stats.totals())

@@ -128,6 +128,7 @@ async def ensure_topics(kafka: KafkaSettings) -> None:
         wanted = [
             NewTopic(t.samples, kafka.partitions, 1),
             *([NewTopic(t.by_pool, kafka.partitions, 1)] if kafka.repartition else []),
+            *([NewTopic(t.change_points, 1, 1)] if kafka.fleet_stage else []),
             NewTopic(t.changes, 1, 1),
             NewTopic(t.alerts, 1, 1),
             NewTopic(t.dlq, 1, 1),

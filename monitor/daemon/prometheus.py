@@ -207,9 +207,12 @@ class DaemonCollector(Collector):
             for i in p.correlator.incidents
             if i.status == "open"
         )  # fmt: skip
+        if p.fleet is not None:  # the fleet stage's alerts (on the member that runs it)
+            open_by["true", "fleet"] += sum(i.paging for i in p.fleet.correlator.incidents)
         for (paged, scope), n in sorted(open_by.items()):
             incidents.add_metric([paged, scope], n)
         yield incidents
+        yield from self._fleet_reports(p)
 
         streams = GaugeMetricFamily(
             "flopwatch_streams", "Streams tracked, by kind (device, layer, pool group).",
@@ -281,6 +284,20 @@ class DaemonCollector(Collector):
         yield mfu
         yield stall
         yield devices
+
+    @staticmethod
+    def _fleet_reports(p: Pipeline) -> Iterator[Metric]:
+        if p.fleet is None:
+            return
+        reports = CounterMetricFamily(
+            "flopwatch_fleet_reports",
+            "Change-point reports the fleet stage read (kafka.fleet_stage), by outcome; "
+            "only the member holding the change-point partition reads any.",
+            labels=["outcome"],
+        )
+        reports.add_metric(["taken"], p.fleet.reports)
+        reports.add_metric(["rejected"], p.fleet.rejected)
+        yield reports
 
     @staticmethod
     def _stream_limits(p: Pipeline) -> Iterator[Metric]:

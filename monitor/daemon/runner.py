@@ -52,6 +52,9 @@ class Runner:
     # Clean stop: how long queued sinks (`flush`) may take to deliver before the last
     # checkpoint, which then records what they still owe.
     drain_s: float = 5.0
+    # With `kafka.fleet_stage`: publishes one report of a batch to the change-point topic
+    # (after the sinks took the batch's alerts, before the commit).
+    publish_report: Callable[[bytes], Awaitable[None]] | None = None
     _adopted: set[str] = field(default_factory=set)  # alert ids whose delivery state was handed
 
     async def run(self) -> None:
@@ -107,7 +110,7 @@ class Runner:
 
     def _adopt_delivery(self) -> None:
         """Hand the sinks what restored alert states say is open at them (once per id)."""
-        states = self.pipeline.lifecycle.states
+        states = self.pipeline.alert_states()
         fresh = [aid for aid in states if aid not in self._adopted]
         if not fresh:
             return
@@ -126,7 +129,7 @@ class Runner:
 
     def _keep_delivery(self) -> None:
         """Copy each sink's delivery state into the alert states the checkpoint writes."""
-        states = self.pipeline.lifecycle.states
+        states = self.pipeline.alert_states()
         for sink in self.sinks:
             delivery_state = getattr(sink, "delivery_state", None)
             if delivery_state is None:
@@ -217,6 +220,8 @@ class Runner:
             if self.dead_letters is not None:
                 send_dead, dead = self.dead_letters, out.dead
                 await self._deliver("dlq", lambda: send_dead(dead), log)
+        if out.reports:
+            await self._publish(out.reports, log)
         for device, hw, dtype in self.pipeline.unknown_hw:
             log.warning("unknown hardware: MFU not computed for this device",
                         device=device, hw=hw, dtype=dtype)  # fmt: skip
@@ -225,6 +230,18 @@ class Runner:
             self._keep_delivery()
             await self.checkpointer.save()
         await self.source.commit()
+
+    async def _publish(self, reports: list[bytes], log: FilteringBoundLogger) -> None:
+        """The batch's fleet-stage reports to the change-point topic, in order."""
+        publish = self.publish_report
+        if publish is None:
+            return
+
+        async def send() -> None:
+            for report in reports:
+                await publish(report)
+
+        await self._deliver("change_points", send, log)
 
 
 def _track(firing: dict[str, tuple[str, str]], alerts: Sequence[Alert]) -> None:

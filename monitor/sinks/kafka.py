@@ -10,6 +10,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from monitor.config import KafkaSettings
+from monitor.core.fleet import FLEET_KEY
 from monitor.core.types import DeadLetter
 from monitor.kafka_client import client_kwargs
 from monitor.sinks.jsonl import alert_line
@@ -64,6 +65,11 @@ class KafkaSink:
         ]
         for f in futs:
             await f
+
+    async def send_report(self, report: bytes) -> None:
+        """Produce one fleet-stage report (`core.fleet`) under the fleet's key; wait for acks."""
+        await (await self.producer.send(self.kafka.topics.change_points, key=FLEET_KEY,
+                                        value=report))  # fmt: skip
 
     async def send_dead(self, dead: Sequence[DeadLetter]) -> None:
         """Produce dead letters (key = original key) and wait for acks."""

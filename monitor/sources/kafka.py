@@ -16,7 +16,8 @@ checkpoints there could cost the group membership. New partitions stay paused
 until their hooks ran and they were sought to where processing must resume.
 
 Only the samples topic (or its by-pool copy, `monitor/repartition.py`) is
-shared out by the group. Change events are broadcast:
+shared out by the group, with, under `kafka.fleet_stage`, the change-point topic (its
+member runs the fleet stage, `core/fleet.py`). Change events are broadcast:
 a second consumer, outside the group, reads every partition of the changes
 topic from its beginning, so every member knows every change. Samples are keyed
 by device, so each member sees part of every pool; a change read by one member
@@ -129,7 +130,12 @@ class KafkaSource:
         self.changes_consumer.subscribe([self.kafka.topics.changes])
         self._early_changes = await self._catch_up_changes()
         await self.consumer.start()
-        self.consumer.subscribe([self.kafka.input_topic], listener=_Listener(self))
+        topics = [self.kafka.input_topic]
+        if self.kafka.fleet_stage:
+            # The group hands its one busy partition (the fleet's key) to one member: the one
+            # that runs the fleet stage (`core.fleet`).
+            topics.append(self.kafka.topics.change_points)
+        self.consumer.subscribe(topics, listener=_Listener(self))
         self._probe = asyncio.create_task(self._probe_loop())
 
     async def _probe_loop(self) -> None:

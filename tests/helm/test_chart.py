@@ -623,6 +623,26 @@ def test_repartition_follows_the_replica_count(
                           else ["flopwatch.samples"])  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("values", "on"),
+    [
+        ({}, "false"),
+        ({"replicaCount": 2}, "true"),
+        ({"keda": {"enabled": True}}, "true"),
+        ({"replicaCount": 2, "kafka": {"fleetStage": False}}, "false"),
+        ({"kafka": {"fleetStage": True}}, "true"),
+    ],
+)
+def test_fleet_stage_goes_with_repartition(
+    chart: helm.Chart, values: dict[str, Any], on: str
+) -> None:
+    """`auto` runs the fleet stage whenever the samples are re-keyed by pool (several
+    replicas): one fleet page across them; the change-point topic is always passed."""
+    env = container_env(daemon(render(chart, values)))
+    assert env["FLOPWATCH_KAFKA__FLEET_STAGE"] == on
+    assert env["FLOPWATCH_KAFKA__TOPICS__CHANGE_POINTS"] == "flopwatch.change-points"
+
+
 def test_custom_resources(rendered: dict[str, list[Manifest]]) -> None:
     """ServiceMonitor scrapes the Service's port; KEDA watches the daemon's own group."""
     assert not {d["kind"] for d in rendered["default"]} & CRD_KINDS

@@ -83,6 +83,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end }}
 
+{{/* "true" when the fleet stage runs (kafka.fleetStage, `auto` = whenever repartition is on). */}}
+{{- define "flopwatch.fleetStage" -}}
+{{- $f := .Values.kafka.fleetStage -}}
+{{- if eq (toString $f) "auto" -}}
+{{- include "flopwatch.repartition" . -}}
+{{- else -}}
+{{- $f | toString -}}
+{{- end -}}
+{{- end }}
+
 {{/* The Secret holding the checkpoint HMAC key: the one named, else the generated one. */}}
 {{- define "flopwatch.checkpointSecret" -}}
 {{- .Values.checkpoint.existingSecret | default (printf "%s-checkpoint" (include "flopwatch.fullname" .)) -}}

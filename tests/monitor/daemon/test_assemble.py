@@ -12,6 +12,7 @@ from monitor.config import Settings
 from monitor.daemon.assemble import Wiring, assemble
 from monitor.daemon.prometheus import register_metrics
 from monitor.sinks.alertmanager import AlertmanagerSink
+from monitor.sinks.memory import ListSink
 from monitor.sinks.pagerduty import PagerDutySink
 from monitor.sinks.webhook import WebhookSink
 
@@ -55,3 +56,19 @@ async def test_every_http_sink_on_one_client_closed_on_exit() -> None:
     assert pd.accepted[-1].json()["event_action"] == "resolve"
     assert hook.accepted[-1].json()["status"] == "resolved"
     assert "X-Flopwatch-Signature" in hook.accepted[-1].headers
+
+
+async def test_a_recording_links_its_pools_itself_whatever_the_fleet_stage_setting() -> None:
+    """`kafka.fleet_stage` is for replicas on Kafka: a recording (or the simulator) is one
+    process reading every pool, with no change-point topic, so it sends the fleet alert."""
+    settings = Settings(kafka={"fleet_stage": True}, sinks={"console": False})
+    batches = fleet(90, regress_at=49, change_at=48, regress_pool="*", change_kind="driver",
+                    change_scope={}, kernel_fallback=False)  # fmt: skip
+    sink = ListSink()
+    async with AsyncExitStack() as stack:
+        daemon = await assemble(stack, settings, Wiring(source=ListSource(batches),
+                                                        sinks=[sink], http_host=None))  # fmt: skip
+        assert daemon.pipeline.fleet is None
+        assert daemon.runner.publish_report is None
+        await daemon.runner.run()
+    assert {a.scope.level for a in sink.alerts} == {"fleet"}
