@@ -19,9 +19,9 @@ run: $(STAMP)
 	$(BIN)/flopwatch up
 
 ## test: lint, type-check, then the suite (real broker and Alertmanager included) except
-## the `slow` fault tests, which `make test-slow` and CI (.ci/run) run: about 3.5 minutes of
-## killing and pausing the daemon, broker and Alertmanager that would take `make test` past
-## ten minutes on a 2-core machine.
+## the `slow` tests, which `make test-slow` and CI (.ci/run) run: about 4 minutes of killing
+## and pausing the daemon, broker and Alertmanager, and the daemon run as a process with the
+## fleet stage, that would take `make test` past ten minutes on a 2-core machine.
 test: $(STAMP) lint
 	$(BIN)/pytest -m "not slow"
 

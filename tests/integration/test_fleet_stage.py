@@ -271,6 +271,7 @@ async def test_the_member_taking_the_change_point_partition_takes_the_fleet_page
                 await d.stop()
 
 
+@pytest.mark.slow
 def test_flopwatch_run_with_the_fleet_stage(broker: EmbeddedBroker, tmp_path: Path) -> None:
     """`flopwatch run` as a process, one replica holding both pools: it pages each pool at
     pool scope and, through its own change-point partition, the fleet alert under the
