@@ -108,6 +108,13 @@ class LoadAdjuster:
         ids = self._ids(groups).reshape(-1)
         (self._model.freeze if hold else self._model.thaw)(ids)
 
+    def inherit(self, src: I64, dst: I64) -> None:
+        """New groups `dst` start from what groups `src` learned (every column's model)."""
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        if self._cols.size and src.size:
+            self._model.reserve((int(max(src.max(), dst.max())) + 1) * self._cols.size)
+            self._model.copy(self._ids(src).reshape(-1), self._ids(dst).reshape(-1))
+
     def forget(self, groups: I64) -> None:
         """Reset released groups' models (every column's), so that their ids can be reused."""
         groups = np.asarray(groups, dtype=np.int64)

@@ -187,6 +187,17 @@ class LoadModel:
         self._seen[groups], self._frozen[groups] = 0, False
         self._rabs[groups], self._level[groups] = 0.0, np.nan
 
+    def copy(self, src: I64, dst: I64) -> None:
+        """Groups `dst` start as copies of groups `src` (what each has learned), unfrozen."""
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        if not src.size:
+            return
+        self._grow(int(max(src.max(), dst.max())) + 1)
+        for name in self._ARRAYS:
+            arr = getattr(self, name)
+            arr[dst] = arr[src]
+        self._frozen[dst] = False
+
     # -- learning ---------------------------------------------------------------------
     def freeze(self, groups: I64) -> None:
         """Stop learning for these groups (e.g. while their incident pages)."""

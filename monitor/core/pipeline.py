@@ -301,6 +301,7 @@ class Pipeline:
         """Build, detect and expire; what it found, to be kept only if it all went well.
         Counts: (late, duplicate, over capacity) records."""
         frame, rejected = st.table.build([rec for _, rec in items])
+        self._inherit(st)
         self._release(st, st.table.take_evicted(), self.stats.streams_evicted)
         st.levels.update(frame)
         self._expose(st.table, frame)
@@ -379,6 +380,25 @@ class Pipeline:
         if part_ts - st.expired_at > st.table.ttl_s / 4:
             self._release(st, st.table.expire(part_ts), self.stats.streams_expired)
             st.expired_at = part_ts
+
+    @staticmethod
+    def _inherit(st: PartitionState) -> None:
+        """A new model version's device-level groups start from the load response its
+        pool's previous version learned on the same hardware: how device MFU, power,
+        queueing and latency follow load is the serving system's (batching, saturation),
+        and a deploy keeps it until its own windows say otherwise. Started blank, it is
+        fitted to a few windows at one load and misreads the next load change (a burst
+        ending right after a no-op deploy read as a 20 % device-MFU drop). Per-layer
+        efficiency is the model's own: a new version's is learned afresh."""
+        pairs = [(old, new) for new in st.table.take_created()
+                 if (old := st.table.predecessor(new)) is not None]  # fmt: skip
+        if not pairs:
+            return
+        src = np.array([a for a, _ in pairs], dtype=np.int64)
+        dst = np.array([b for _, b in pairs], dtype=np.int64)
+        for adjuster in st.adjusters.values():
+            if adjuster is not None:
+                adjuster.inherit(src, dst)
 
     @staticmethod
     def _release(st: PartitionState, released: Released, counts: Counter[str]) -> None:

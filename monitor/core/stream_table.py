@@ -219,6 +219,8 @@ class StreamTable:
     groups: dict[GroupKey, int] = field(default_factory=dict)
     group_keys: list[GroupKey | None] = field(default_factory=list)
     free_groups: list[int] = field(default_factory=list)
+    # Groups created since the last `take_created` (a new pool, model version or layer).
+    created: list[int] = field(default_factory=list)
     newly_unknown: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     # Per row: the newest window time (NaN: row free), what expiry and eviction go by; and
     # each layer row's device row (NaN: free), to find a device's layer rows without a scan.
@@ -286,7 +288,29 @@ class StreamTable:
             self.groups[key] = gid
             self.group_seen = _fit(self.group_seen, gid + 1)
             self.group_seen[gid] = -np.inf
+            self.created.append(gid)
         return gid
+
+    def take_created(self) -> list[int]:
+        """Groups created since the last call (that still exist)."""
+        out = [g for g in self.created if self.group_keys[g] is not None]
+        self.created = []
+        return out
+
+    def predecessor(self, gid: int) -> int | None:
+        """The device-level group a new model version's device-level group follows: same
+        pool and hardware, another model, the most recently seen (None: none, or a layer
+        group: per-layer efficiency is the model's own and is learned afresh)."""
+        pool, model, layer, hw = self.group_key(gid)
+        if layer:
+            return None
+        best, seen = None, -np.inf
+        for (p, m, la, h), g in self.groups.items():
+            if g != gid and p == pool and la == layer and h == hw and m != model:
+                t = self.group_seen[g]
+                if best is None or t > seen:
+                    best, seen = g, t
+        return best
 
     def gids_of(self, pool: str | None, model: str | None, layer: str) -> list[int]:
         """Ids of the groups of (pool, model, layer) over every hardware kind."""

@@ -199,3 +199,22 @@ def test_adjuster_checkpoints_are_per_column_models_both_ways() -> None:
         b, _ = again.adjust(*wave)
         want = per_column_reference(ref, 5.0, *wave)
         assert a.tobytes() == b.tobytes() == want.tobytes(), t
+
+
+def test_an_inherited_group_expects_what_its_predecessor_learned() -> None:
+    """A group that inherits starts with the predecessor's expectation, not a blank model."""
+    cols = ("device_mfu", "clock_mhz")
+    adj = LoadAdjuster(cols)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        batch = rng.uniform(8, 256, 4)
+        load = np.column_stack([batch, batch * 2.0])
+        y = np.column_stack([0.1 + 0.3 * np.log1p(batch) / np.log(257), np.full(4, 1800.0)])
+        adj.adjust(np.zeros(4, dtype=np.int64), load, y)
+    probe = np.array([[64.0, 128.0]])
+    y = np.array([[0.1 + 0.3 * np.log1p(64.0) / np.log(257), 1800.0]])
+    _, fresh = adj.adjust(np.array([1]), probe, y)
+    assert np.isnan(fresh[0, 0])  # a blank group has no expectation yet
+    adj.inherit(np.array([0]), np.array([2]))
+    _, inherited = adj.adjust(np.array([2]), probe, y)
+    assert abs(inherited[0, 0] / y[0, 0] - 1.0) < 0.05

@@ -225,3 +225,21 @@ def test_a_checkpoint_from_before_group_expiry_restores_with_fallback_times() ->
     assert back.layer_seen[a_rows].tolist() == [T0, T0]
     assert back.group_seen[list(back.groups.values())].tolist() == [T0 + 50] * 6
     assert back.expire(T0 + 120).groups.size == 0  # a's pool lives on: b's time, not a's
+
+
+def test_a_new_model_versions_device_group_follows_the_pools_current_one() -> None:
+    """Same pool and hardware, another model: the device-level group it follows is the most
+    recently seen; layer groups and other hardware follow nothing."""
+    table = StreamTable(Catalog())
+    table.build(_recs(window("a/0", T0, model="m@1"),
+                      window("b/0", T0, model="m@1", hw="a100-sxm")))  # fmt: skip
+    table.take_created()
+    frame, _ = table.build(_recs(window("a/0", T0 + 10, model="m@2")))
+    created = table.take_created()
+    dev_new = int(frame.device_group[0])
+    assert dev_new in created
+    old = table.predecessor(dev_new)
+    assert old is not None
+    assert table.group_key(old) == ("train-a", "m@1", "", "h100-sxm")
+    assert table.predecessor(int(frame.layer_group[0])) is None
+    assert table.take_created() == []
