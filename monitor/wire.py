@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
+import numpy as np
 
 from monitor.errors import DecodeError
 
@@ -27,8 +31,13 @@ LAYER_TYPES = (
 )  # fmt: skip
 LayerType = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,32}$")]
 
+# The window record's structs are `gc=False` (untracked by the cycle collector): they hold
+# only numbers, strings and lists of each other, so they can never be part of a reference
+# cycle. Tracked, a batch of them (one object per record and per layer) triggers
+# collections that walk the daemon's whole heap while it decodes.
 
-class Ingress(msgspec.Struct, frozen=True):
+
+class Ingress(msgspec.Struct, frozen=True, gc=False):
     """Request-ingress counters for the window (stage `ingress`)."""
 
     req_rate: NonNeg | None = None
@@ -37,7 +46,7 @@ class Ingress(msgspec.Struct, frozen=True):
     batch: NonNeg | None = None
 
 
-class DeviceStats(msgspec.Struct, frozen=True):
+class DeviceStats(msgspec.Struct, frozen=True, gc=False):
     """Power, temperature and clock over the window (stage `execution`)."""
 
     power_w: NonNeg | None = None
@@ -45,7 +54,7 @@ class DeviceStats(msgspec.Struct, frozen=True):
     clock_mhz: NonNeg | None = None
 
 
-class Slo(msgspec.Struct, frozen=True):
+class Slo(msgspec.Struct, frozen=True, gc=False):
     """Latency quantiles, quality and errors (stage `validation`)."""
 
     lat_p50_ms: NonNeg | None = None
@@ -55,7 +64,7 @@ class Slo(msgspec.Struct, frozen=True):
     errors: NonNeg | None = None
 
 
-class Layer(msgspec.Struct, frozen=True):
+class Layer(msgspec.Struct, frozen=True, gc=False):
     """Counters of one layer type within one window; a missing field means not measured."""
 
     type: LayerType
@@ -73,7 +82,7 @@ class Layer(msgspec.Struct, frozen=True):
     kernel: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
-class WindowRecord(msgspec.Struct, frozen=True):
+class WindowRecord(msgspec.Struct, frozen=True, gc=False):
     """One device's measurement window (contract §1), keyed by `device`."""
 
     v: Literal[1]
@@ -275,6 +284,50 @@ def _ts_reason(ts: float) -> str:
     return f"ts: expected Unix seconds, got {_show(ts)}{guess}"
 
 
+def _layer_reason(rec: WindowRecord) -> str | None:
+    """The first layer (in order) that repeats a type or stalls more cycles than it ran."""
+    seen: set[str] = set()
+    for i, layer in enumerate(rec.layers):
+        if layer.type in seen:
+            return f"layers[{i}].type: {layer.type!r} repeated in one window"
+        seen.add(layer.type)
+        if (
+            layer.stall_mem_cycles is not None
+            and layer.cycles is not None
+            and layer.stall_mem_cycles > layer.cycles * (1 + 1e-6)
+        ):
+            return (
+                f"layers[{i}].stall_mem_cycles: expected <= cycles ({_show(layer.cycles)}), "
+                f"got {_show(layer.stall_mem_cycles)}"
+            )
+    return None
+
+
+def _maybe_bad_layers(recs: list[WindowRecord]) -> list[int]:
+    """Indices of the records `_layer_reason` may reject: every one it rejects (and, in
+    principle, more), found with numpy over all layers instead of a walk per layer."""
+    per_rec = [r.layers for r in recs]
+    flat = list(chain.from_iterable(per_rec))
+    if not flat:
+        return []
+    counts = np.fromiter(map(len, per_rec), dtype=np.int64, count=len(per_rec))
+    rec_of = np.repeat(np.arange(len(recs), dtype=np.int64), counts)
+    # None -> NaN, and a comparison with NaN is false: as the walk's `is not None` tests.
+    cyc = np.array(list(map(_CYCLES, flat)), dtype=np.float64).reshape(-1, 2)
+    stalled = cyc[:, 1] > cyc[:, 0] * (1 + 1e-6)
+    types = list(map(_TYPE, flat))
+    code = {t: k for k, t in enumerate(dict.fromkeys(types))}
+    key = rec_of * len(code) + np.fromiter(map(code.__getitem__, types), np.int64, len(types))
+    key.sort()
+    repeated = key[1:][key[1:] == key[:-1]] // len(code)
+    bad: list[int] = np.union1d(rec_of[stalled], repeated).tolist()
+    return bad
+
+
+_CYCLES = attrgetter("cycles", "stall_mem_cycles")
+_TYPE = attrgetter("type")
+
+
 class Codec:
     """Reusable decoders/encoders; construct once, share across batches.
 
@@ -304,6 +357,35 @@ class Codec:
 
     def decode_window(self, data: bytes) -> WindowRecord:
         """Decode and validate one window record; raises DecodeError with a field-named reason."""
+        rec = self._decode_record(data)
+        reason = _layer_reason(rec)
+        if reason is not None:
+            raise DecodeError(reason)
+        return rec
+
+    def decode_windows(self, values: Sequence[bytes]) -> list[WindowRecord | DecodeError]:
+        """`decode_window` over a batch: per value, the record or the error it would raise.
+
+        The checks across a record's layers (a repeated type, stalls above cycles) run
+        over the whole batch's layers at once; a record they flag gets its reason from
+        the same per-record walk as `decode_window`, so the reasons are identical.
+        """
+        out: list[WindowRecord | DecodeError] = []
+        for data in values:
+            try:
+                out.append(self._decode_record(data))
+            except DecodeError as exc:
+                out.append(exc)
+        good = [i for i, r in enumerate(out) if not isinstance(r, DecodeError)]
+        recs: list[WindowRecord] = [out[i] for i in good]  # type: ignore[misc]
+        for j in _maybe_bad_layers(recs):
+            reason = _layer_reason(recs[j])
+            if reason is not None:
+                out[good[j]] = DecodeError(reason)
+        return out
+
+    def _decode_record(self, data: bytes) -> WindowRecord:
+        """Parse, type and bound checks, and the record-level checks (not across layers)."""
         rec: WindowRecord = self._decode(self._window, data)
         if rec.ts >= _MAX_UNIX_S:
             raise DecodeError(_ts_reason(rec.ts))
@@ -311,20 +393,6 @@ class Codec:
             raise DecodeError(
                 f"layers: {len(rec.layers)} entries, over the limit of {self.max_layers}"
             )
-        seen: set[str] = set()
-        for i, layer in enumerate(rec.layers):
-            if layer.type in seen:
-                raise DecodeError(f"layers[{i}].type: {layer.type!r} repeated in one window")
-            seen.add(layer.type)
-            if (
-                layer.stall_mem_cycles is not None
-                and layer.cycles is not None
-                and layer.stall_mem_cycles > layer.cycles * (1 + 1e-6)
-            ):
-                raise DecodeError(
-                    f"layers[{i}].stall_mem_cycles: expected <= cycles ({_show(layer.cycles)}), "
-                    f"got {_show(layer.stall_mem_cycles)}"
-                )
         return rec
 
     def decode_change(self, data: bytes) -> ChangeEvent:
