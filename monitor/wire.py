@@ -78,7 +78,6 @@ class Layer(msgspec.Struct, frozen=True, gc=False):
     spill_bytes: NonNeg | None = None
     sync_wait_s: NonNeg | None = None
     fallback_frac: Unit | None = None
-    # Last on purpose: the stream table slices the numeric fields 1..10 off astuple().
     kernel: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
