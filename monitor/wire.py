@@ -11,12 +11,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from itertools import chain
-from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
-import numpy as np
 
 from monitor.errors import DecodeError
 
@@ -302,31 +299,6 @@ def _layer_reason(rec: WindowRecord) -> str | None:
     return None
 
 
-def _maybe_bad_layers(recs: list[WindowRecord]) -> list[int]:
-    """Indices of the records `_layer_reason` may reject: every one it rejects (and, in
-    principle, more), found with numpy over all layers instead of a walk per layer."""
-    per_rec = [r.layers for r in recs]
-    flat = list(chain.from_iterable(per_rec))
-    if not flat:
-        return []
-    counts = np.fromiter(map(len, per_rec), dtype=np.int64, count=len(per_rec))
-    rec_of = np.repeat(np.arange(len(recs), dtype=np.int64), counts)
-    # None -> NaN, and a comparison with NaN is false: as the walk's `is not None` tests.
-    cyc = np.array(list(map(_CYCLES, flat)), dtype=np.float64).reshape(-1, 2)
-    stalled = cyc[:, 1] > cyc[:, 0] * (1 + 1e-6)
-    types = list(map(_TYPE, flat))
-    code = {t: k for k, t in enumerate(dict.fromkeys(types))}
-    key = rec_of * len(code) + np.fromiter(map(code.__getitem__, types), np.int64, len(types))
-    key.sort()
-    repeated = key[1:][key[1:] == key[:-1]] // len(code)
-    bad: list[int] = np.union1d(rec_of[stalled], repeated).tolist()
-    return bad
-
-
-_CYCLES = attrgetter("cycles", "stall_mem_cycles")
-_TYPE = attrgetter("type")
-
-
 class Codec:
     """Reusable decoders/encoders; construct once, share across batches.
 
@@ -365,22 +337,16 @@ class Codec:
     def decode_windows(self, values: Sequence[bytes]) -> list[WindowRecord | DecodeError]:
         """`decode_window` over a batch: per value, the record or the error it would raise.
 
-        The checks across a record's layers (a repeated type, stalls above cycles) run
-        over the whole batch's layers at once; a record they flag gets its reason from
-        the same per-record walk as `decode_window`, so the reasons are identical.
+        Each record is checked across its layers right after it is parsed, while its
+        objects are still in cache: the same checks as one numpy pass over the whole
+        batch's layers afterwards cost more (bench.stages), for the walk back over them.
         """
         out: list[WindowRecord | DecodeError] = []
         for data in values:
             try:
-                out.append(self._decode_record(data))
+                out.append(self.decode_window(data))
             except DecodeError as exc:
                 out.append(exc)
-        good = [i for i, r in enumerate(out) if not isinstance(r, DecodeError)]
-        recs: list[WindowRecord] = [out[i] for i in good]  # type: ignore[misc]
-        for j in _maybe_bad_layers(recs):
-            reason = _layer_reason(recs[j])
-            if reason is not None:
-                out[good[j]] = DecodeError(reason)
         return out
 
     def _decode_record(self, data: bytes) -> WindowRecord:
