@@ -43,6 +43,7 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	mkdir -p out/bench
 	$(BIN)/python -m bench.decode --json out/bench/decode.json
+	$(BIN)/python -m bench.stages --json out/bench/stages.json
 	$(BIN)/python -m bench.simulator --json out/bench/sim.json
 	$(BIN)/python -m bench.detect --json out/bench/detect.json
 	$(BIN)/python -m bench.scores --json out/bench/scores.json

@@ -3,8 +3,8 @@
     python -m bench.checkpoint --json out/bench/checkpoint.json [--devices 256 1024]
 
 Runs the `pool_regression` scenario through the pipeline in process (4 input
-partitions, devices spread by key), then snapshots, compresses (zlib level 6,
-as `monitor.checkpoint` does) and restores every partition.
+partitions, devices spread by key), then snapshots, compresses (as
+`monitor.checkpoint` stores it: zstd level 1) and restores every partition.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from monitor.checkpoint.format import compress, decompress
 from monitor.config import Settings
 from monitor.core.pipeline import Pipeline
 from monitor.core.types import RawMessage
@@ -43,11 +44,11 @@ def measure(devices: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     blobs = {p: pipeline.snapshot_partition(p) for p in pipeline.partitions}
     t1 = time.perf_counter()
-    packed = {p: zlib.compress(b, 6) for p, b in blobs.items()}
+    packed = {p: compress(b) for p, b in blobs.items()}
     t2 = time.perf_counter()
     twin = Pipeline(Settings())
     for p, b in packed.items():
-        twin.restore_partition(p, zlib.decompress(b))
+        twin.restore_partition(p, decompress(b))
     t3 = time.perf_counter()
     raw = sum(len(b) for b in blobs.values())
     comp = sum(len(b) for b in packed.values())
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", type=int, nargs="+", default=[256, 1024])
     args = ap.parse_args(argv)
     rows = [measure(d) for d in args.devices]
-    head = ("devices", "raw MB", "zlib MB", "KB/device", "snapshot ms", "compress ms", "restore ms")
+    head = ("devices", "raw MB", "zstd MB", "KB/device", "snapshot ms", "compress ms", "restore ms")
     print("  ".join(f"{h:>11}" for h in head))
     for r in rows:
         cells = (

@@ -8,7 +8,7 @@ record, in batches of 5,000 as the daemon reads them. RSS is read from /proc aft
 the last batch, less the process's RSS once imports and one small warm-up batch are
 done (the baseline, reported apart). A stream is one device x layer type series (the
 device-level stream and the groups ride along; per device is the other view). Then
-every partition is checkpointed as the daemon does it, one at a time (snapshot, zlib),
+every partition is checkpointed as the daemon does it, one at a time (snapshot, zstd),
 and the peak RSS of that round is read (VmHWM, reset first).
 
 The flood run sends `--flood-devices` new device names every window under the caps the
@@ -26,13 +26,13 @@ import argparse
 import json
 import subprocess
 import sys
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 # The repo root first: tests/monitor must not shadow the monitor package.
 from bench.decode import LAYERS, full_record
+from monitor.checkpoint.format import compress
 from monitor.config import DetectorSettings, LimitSettings, Settings
 from monitor.core.pipeline import Pipeline
 from monitor.core.types import RawMessage
@@ -123,7 +123,7 @@ def measure_size(devices: int, windows: int, caps: list[int] | None = None) -> d
     for part in sorted(p.partitions):
         blob = p.snapshot_partition(part)
         raw += len(blob)
-        compressed += len(zlib.compress(blob, 6))
+        compressed += len(compress(blob))
         del blob
     peak = _proc_status("VmHWM")
     state = _state(p)  # what is held at the end: under caps, less than was sent
@@ -214,7 +214,7 @@ def main() -> None:
         ("B/device", 9),
         ("numpy B/stream", 15),
         ("snapshot peak", 14),
-        ("ckpt zlib", 10),
+        ("ckpt zstd", 10),
     )
     print(" ".join(f"{name:>{width}}" for name, width in head))
     for r in [*sizes, flood]:

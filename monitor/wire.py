@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -27,8 +28,13 @@ LAYER_TYPES = (
 )  # fmt: skip
 LayerType = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9_]{1,32}$")]
 
+# The window record's structs are `gc=False` (untracked by the cycle collector): they hold
+# only numbers, strings and lists of each other, so they can never be part of a reference
+# cycle. Tracked, a batch of them (one object per record and per layer) triggers
+# collections that walk the daemon's whole heap while it decodes.
 
-class Ingress(msgspec.Struct, frozen=True):
+
+class Ingress(msgspec.Struct, frozen=True, gc=False):
     """Request-ingress counters for the window (stage `ingress`)."""
 
     req_rate: NonNeg | None = None
@@ -37,7 +43,7 @@ class Ingress(msgspec.Struct, frozen=True):
     batch: NonNeg | None = None
 
 
-class DeviceStats(msgspec.Struct, frozen=True):
+class DeviceStats(msgspec.Struct, frozen=True, gc=False):
     """Power, temperature and clock over the window (stage `execution`)."""
 
     power_w: NonNeg | None = None
@@ -45,7 +51,7 @@ class DeviceStats(msgspec.Struct, frozen=True):
     clock_mhz: NonNeg | None = None
 
 
-class Slo(msgspec.Struct, frozen=True):
+class Slo(msgspec.Struct, frozen=True, gc=False):
     """Latency quantiles, quality and errors (stage `validation`)."""
 
     lat_p50_ms: NonNeg | None = None
@@ -55,7 +61,7 @@ class Slo(msgspec.Struct, frozen=True):
     errors: NonNeg | None = None
 
 
-class Layer(msgspec.Struct, frozen=True):
+class Layer(msgspec.Struct, frozen=True, gc=False):
     """Counters of one layer type within one window; a missing field means not measured."""
 
     type: LayerType
@@ -69,11 +75,10 @@ class Layer(msgspec.Struct, frozen=True):
     spill_bytes: NonNeg | None = None
     sync_wait_s: NonNeg | None = None
     fallback_frac: Unit | None = None
-    # Last on purpose: the stream table slices the numeric fields 1..10 off astuple().
     kernel: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
-class WindowRecord(msgspec.Struct, frozen=True):
+class WindowRecord(msgspec.Struct, frozen=True, gc=False):
     """One device's measurement window (contract §1), keyed by `device`."""
 
     v: Literal[1]
@@ -278,6 +283,25 @@ def _ts_reason(ts: float) -> str:
     return f"ts: expected Unix seconds, got {_show(ts)}{guess}"
 
 
+def _layer_reason(rec: WindowRecord) -> str | None:
+    """The first layer (in order) that repeats a type or stalls more cycles than it ran."""
+    seen: set[str] = set()
+    for i, layer in enumerate(rec.layers):
+        if layer.type in seen:
+            return f"layers[{i}].type: {layer.type!r} repeated in one window"
+        seen.add(layer.type)
+        if (
+            layer.stall_mem_cycles is not None
+            and layer.cycles is not None
+            and layer.stall_mem_cycles > layer.cycles * (1 + 1e-6)
+        ):
+            return (
+                f"layers[{i}].stall_mem_cycles: expected <= cycles ({_show(layer.cycles)}), "
+                f"got {_show(layer.stall_mem_cycles)}"
+            )
+    return None
+
+
 class Codec:
     """Reusable decoders/encoders; construct once, share across batches.
 
@@ -307,6 +331,29 @@ class Codec:
 
     def decode_window(self, data: bytes) -> WindowRecord:
         """Decode and validate one window record; raises DecodeError with a field-named reason."""
+        rec = self._decode_record(data)
+        reason = _layer_reason(rec)
+        if reason is not None:
+            raise DecodeError(reason)
+        return rec
+
+    def decode_windows(self, values: Sequence[bytes]) -> list[WindowRecord | DecodeError]:
+        """`decode_window` over a batch: per value, the record or the error it would raise.
+
+        Each record is checked across its layers right after it is parsed, while its
+        objects are still in cache: the same checks as one numpy pass over the whole
+        batch's layers afterwards cost more (bench.stages), for the walk back over them.
+        """
+        out: list[WindowRecord | DecodeError] = []
+        for data in values:
+            try:
+                out.append(self.decode_window(data))
+            except DecodeError as exc:
+                out.append(exc)
+        return out
+
+    def _decode_record(self, data: bytes) -> WindowRecord:
+        """Parse, type and bound checks, and the record-level checks (not across layers)."""
         rec: WindowRecord = self._decode(self._window, data)
         if rec.ts >= _MAX_UNIX_S:
             raise DecodeError(_ts_reason(rec.ts))
@@ -314,20 +361,6 @@ class Codec:
             raise DecodeError(
                 f"layers: {len(rec.layers)} entries, over the limit of {self.max_layers}"
             )
-        seen: set[str] = set()
-        for i, layer in enumerate(rec.layers):
-            if layer.type in seen:
-                raise DecodeError(f"layers[{i}].type: {layer.type!r} repeated in one window")
-            seen.add(layer.type)
-            if (
-                layer.stall_mem_cycles is not None
-                and layer.cycles is not None
-                and layer.stall_mem_cycles > layer.cycles * (1 + 1e-6)
-            ):
-                raise DecodeError(
-                    f"layers[{i}].stall_mem_cycles: expected <= cycles ({_show(layer.cycles)}), "
-                    f"got {_show(layer.stall_mem_cycles)}"
-                )
         return rec
 
     def decode_change(self, data: bytes) -> ChangeEvent:

@@ -14,21 +14,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from monitor.checkpoint.format import Assembler, Checkpoint, encode_chunks, record_key
+from monitor.checkpoint.format import (
+    Assembler,
+    Checkpoint,
+    compress,
+    encode_chunks,
+    record_key,
+)
 from monitor.config import CheckpointSettings, KafkaSettings
 from monitor.errors import CheckpointError
 from monitor.kafka_client import client_kwargs
 from monitor.log import get_logger
 
-# ~1.5x the time, and it runs off the event loop.
-_LEVEL = 6
 # Tombstones one write may add for a slot's leftover chunks.
 MAX_STALE = 4096
 # Room for the chunk header and the record framing above `chunk_bytes`.
@@ -106,7 +109,7 @@ class CheckpointStore:
         hint: int,
     ) -> Written:
         """Store one checkpoint and wait for the broker's acks (KafkaError on failure)."""
-        compressed = await asyncio.to_thread(zlib.compress, payload, _LEVEL)
+        compressed = await asyncio.to_thread(compress, payload)
         slot = 1 - self._slot.get(base, 1)
         cid = uuid.uuid4().hex[:16]
         records = encode_chunks(

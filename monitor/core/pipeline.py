@@ -333,18 +333,26 @@ class Pipeline:
         changes_topic = self.settings.kafka.topics.changes
         points_topic = self.settings.kafka.topics.change_points if self.fleet else None
         limit = self.settings.limits.max_future_s
+        # Window records are decoded as one batch (its checks across layers run over all of
+        # them at once); dead letters still go out in message order.
+        windows = iter(self.codec.decode_windows(
+            [m.value for m in batch if m.topic not in (changes_topic, points_topic)]))  # fmt: skip
         for msg in batch:
             if msg.topic == points_topic:
                 reports.append(msg)
                 continue
-            try:
-                if msg.topic == changes_topic:
+            if msg.topic == changes_topic:
+                try:
                     self.advisor.add_change(self.codec.decode_change(msg.value))
-                    self.stats.changes_in += 1
+                except DecodeError as exc:
+                    out.dead.append(DeadLetter(msg, exc.reason))
+                    self.stats.records_rejected += 1
                     continue
-                rec = self.codec.decode_window(msg.value)
-            except DecodeError as exc:
-                out.dead.append(DeadLetter(msg, exc.reason))
+                self.stats.changes_in += 1
+                continue
+            rec = next(windows)
+            if isinstance(rec, DecodeError):
+                out.dead.append(DeadLetter(msg, rec.reason))
                 self.stats.records_rejected += 1
                 continue
             if msg.key is not None and msg.key not in self._keys_of(rec):

@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from operator import attrgetter
+from typing import Protocol
 
 import msgspec
 import numpy as np
 
-from monitor.arrays import F64, I64
+from monitor.arrays import F64, I64, Bools
 from monitor.hardware import Catalog
 from monitor.indicators import (
     DEVICE_METRICS,
@@ -29,13 +32,7 @@ from monitor.indicators import (
     group_sums,
     layer_metrics,
 )
-from monitor.wire import Layer, WindowRecord
-
-astuple = msgspec.structs.astuple
-# Layer's numeric counters are its fields 1..10, in LAYER_INPUTS order.
-_N_INPUTS = 1 + len(LAYER_INPUTS)
-if Layer.__struct_fields__[1:_N_INPUTS] != LAYER_INPUTS:  # pragma: no cover - import-time guard
-    raise ImportError("Layer field order no longer matches LAYER_INPUTS")
+from monitor.wire import DeviceStats, Ingress, Slo, WindowRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,25 +149,45 @@ def _fit(arr: F64, n: int) -> F64:
     return out
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Columns:
-    """One batch's raw columns before they become matrices (`StreamTable._collect`)."""
+    """One batch's raw columns before they become matrices (`StreamTable._collect`): per
+    layer entry (row, time, counters, peak, family group, its record's index) and per record."""
 
-    lrows: list[int] = field(default_factory=list)
-    lts: list[float] = field(default_factory=list)
-    lraw: list[tuple[float | None, ...]] = field(default_factory=list)
-    lpeak: list[float] = field(default_factory=list)
-    kchanges: list[tuple[int, float, str | None, str]] = field(default_factory=list)
-    drows: list[int] = field(default_factory=list)
-    dts: list[float] = field(default_factory=list)
-    dwin: list[float] = field(default_factory=list)
-    dpeak: list[float] = field(default_factory=list)
-    dflops: list[float] = field(default_factory=list)
-    draw: list[tuple[float | None, ...]] = field(default_factory=list)
-    lgroup: list[int] = field(default_factory=list)
-    dgroup: list[int] = field(default_factory=list)
-    dload: list[tuple[float | None, float | None]] = field(default_factory=list)
-    lload_idx: list[int] = field(default_factory=list)
+    lrows: I64
+    lts: F64
+    lraw: F64  # (n, len(LAYER_INPUTS)), NaN = not measured
+    lpeak: F64
+    lgroup: I64
+    lrec: I64  # each layer entry's record (index into the per-record columns)
+    kchanges: list[tuple[int, float, str | None, str]]
+    drows: I64
+    dts: F64
+    dwin: F64
+    dpeak: F64
+    dflops: F64
+    draw: F64  # (m, len(DEVICE_METRICS) - 1)
+    dgroup: I64
+    dload: F64  # (m, 2): batch, req_rate
+
+
+# Attribute getters run by `map` in C: one call per field over a whole batch, no Python
+# frame per record or layer.
+_LAYERS = attrgetter("layers")
+_TYPE = attrgetter("type")
+_KERNEL = attrgetter("kernel")
+_INPUTS = attrgetter(*LAYER_INPUTS)
+_TS, _WINDOW_S = attrgetter("ts"), attrgetter("window_s")
+_ROW, _PEAK = attrgetter("row"), attrgetter("peak")
+# Device columns after device_mfu, by the sub-record that carries them.
+_STATS_FIELDS = ("clock_mhz", "temp_c", "power_w")
+_INGRESS_FIELDS = ("req_rate", "queue_depth", "queue_wait_ms", "batch")
+_SLO_FIELDS = ("lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality")
+if ("device_mfu", *_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS) != DEVICE_METRICS:
+    raise ImportError("device columns no longer match DEVICE_METRICS")  # pragma: no cover
+_STATS, _INGRESS, _SLO = (attrgetter(*f) for f in (_STATS_FIELDS, _INGRESS_FIELDS, _SLO_FIELDS))
+_NO_STATS, _NO_INGRESS, _NO_SLO = DeviceStats(), Ingress(), Slo()  # every field None
+_BATCH, _REQ_RATE = _INGRESS_FIELDS.index("batch"), _INGRESS_FIELDS.index("req_rate")
 
 
 @dataclass(slots=True)
@@ -195,6 +212,17 @@ GroupKey = tuple[str | None, str | None, str, str | None]
 def _gkey(k: tuple[str | None, str | None, str, str | None]) -> GroupKey:
     """A group key back from its decoded form."""
     return (k[0], k[1], k[2], k[3])
+
+
+class _HasFamily(Protocol):
+    """What a group key is made of: a device (`_Device`) or a record (`WindowRecord`)."""
+
+    @property
+    def pool(self) -> str | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def hw(self) -> str | None: ...
 
 
 @dataclass
@@ -275,6 +303,18 @@ class StreamTable:
             self.layer_seen[row], self.layer_device[row] = -np.inf, dev_row
         return row
 
+    @staticmethod
+    def _group_key(dev: _HasFamily, layer: str) -> GroupKey:
+        """The group of a device's `layer` streams (layer "" is the device-level group): the
+        one place a group key is made, from a device or from a record about to become one.
+        A key depends on the device only through its device-level key, which `_collect`
+        uses as the device's family."""
+        return (dev.pool, dev.model, layer, dev.hw)
+
+    def _group_id(self, dev: _HasFamily, layer: str) -> int:
+        """Id of the group of a device's `layer` streams, a new one if it has none."""
+        return self.group(*self._group_key(dev, layer))
+
     def group(self, pool: str | None, model: str | None, layer: str, hw: str | None = None) -> int:
         """Id of the (pool, model, layer, hw) group; layer "" is the device-level group."""
         key = (pool, model, layer, hw)
@@ -350,7 +390,7 @@ class StreamTable:
         stream's last and what does not fit under the caps; the devices' last window times
         advance."""
         rejections: list[Rejection] = []
-        order = sorted(range(len(records)), key=lambda i: records[i].ts)
+        order = sorted(range(len(records)), key=list(map(_TS, records)).__getitem__)
         seen: dict[tuple[str, float], int] = {}
         picked: list[int] = []
         for i in order:
@@ -383,14 +423,23 @@ class StreamTable:
 
     # -- caps ----------------------------------------------------------------------------
     def _over_caps(self, records: list[WindowRecord], picked: list[int]) -> bool:
-        """Whether this batch might not fit under the caps (a cheap upper bound on what it
-        adds: the exact count costs a pass over every layer)."""
-        n_layers = sum(len(records[i].layers) for i in picked)
-        return (
-            _over(self.max_devices, len(self.devices) + len(picked))
-            or _over(self.max_streams, len(self.layer_index) + n_layers)
-            or _over(self.max_groups, len(self.groups) + n_layers + len(picked))
-        )
+        """Whether this batch might not fit under the caps, from cheap upper bounds on what
+        it adds (the exact count costs a look-up per layer, `_Room`): a new device per
+        record, a new stream per layer, and every pairing of its records' families with
+        its layer types (and the device level) a new group."""
+        if self.max_devices is None and self.max_streams is None and self.max_groups is None:
+            return False
+        layers = [records[i].layers for i in picked]
+        n_layers = sum(map(len, layers))
+        if _over(self.max_devices, len(self.devices) + len(picked)) or _over(
+            self.max_streams, len(self.layer_index) + n_layers
+        ):
+            return True
+        if not _over(self.max_groups, len(self.groups) + n_layers + len(picked)):
+            return False
+        families = {self._group_key(records[i], "") for i in picked}
+        types = set(map(_TYPE, chain.from_iterable(layers)))
+        return _over(self.max_groups, len(self.groups) + len(families) * (len(types) + 1))
 
     def evict(self, kind: str, rows: list[int]) -> None:
         """Let go of live devices, layer streams or groups (`kind`) by row, as expiry does,
@@ -446,82 +495,154 @@ class StreamTable:
         self.free_groups.extend(gids)
 
     def _collect(self, accepted: list[tuple[WindowRecord, _Device]]) -> _Columns:
-        """The batch's raw columns, one Python pass over records and layers."""
-        c = _Columns()
-        # Local names: this loop runs once per record and layer, attribute lookups add up.
-        lrows, lts, lraw, lpeak, kchanges = c.lrows, c.lts, c.lraw, c.lpeak, c.kchanges
-        drows, dts, dwin, dpeak, dflops, draw = c.drows, c.dts, c.dwin, c.dpeak, c.dflops, c.draw
-        lgroup, dgroup, dload, lload_idx = c.lgroup, c.dgroup, c.dload, c.lload_idx
-        index, last_kernel, groups = self.layer_index, self.last_kernel, self.groups
-        for rec, dev in accepted:
-            flops_sum = 0.0
-            any_flops = False
-            for layer in rec.layers:
-                row = index.get((dev.row, layer.type))
-                if row is None:
-                    row = self._layer_row(dev.row, layer.type)
-                lrows.append(row)
-                lraw.append(astuple(layer)[1:_N_INPUTS])
-                gkey = (dev.pool, dev.model, layer.type, dev.hw)
-                gid = groups.get(gkey)
-                lgroup.append(gid if gid is not None else self.group(*gkey))
-                if layer.flops is not None and layer.type != "all":
-                    flops_sum += layer.flops
-                    any_flops = True
-                kernel = layer.kernel
-                if kernel is not None:
-                    old = last_kernel[row]
-                    if old != kernel:
-                        if old is not None:
-                            kchanges.append((row, rec.ts, old, kernel))
-                        last_kernel[row] = kernel
-            n = len(rec.layers)
-            lts.extend([rec.ts] * n)
-            lpeak.extend([dev.peak] * n)
-            lload_idx.extend([len(drows)] * n)
-            if not any_flops:
-                # An exporter that knows only device counters sends one layer "all".
-                alls = [la.flops for la in rec.layers if la.type == "all" and la.flops is not None]
-                flops_sum, any_flops = (alls[0], True) if alls else (0.0, False)
-            ing, st, slo = rec.ingress, rec.device_stats, rec.slo
-            dgroup.append(self.group(dev.pool, dev.model, "", dev.hw))
-            dload.append((ing.batch, ing.req_rate) if ing else (None, None))
-            drows.append(dev.row)
-            dts.append(rec.ts)
-            dwin.append(rec.window_s)
-            dpeak.append(dev.peak)
-            dflops.append(flops_sum if any_flops else np.nan)
-            draw.append((
-                st.clock_mhz if st else None, st.temp_c if st else None,
-                st.power_w if st else None,
-                ing.req_rate if ing else None, ing.queue_depth if ing else None,
-                ing.queue_wait_ms if ing else None, ing.batch if ing else None,
-                slo.lat_p50_ms if slo else None, slo.lat_p95_ms if slo else None,
-                slo.lat_p99_ms if slo else None, slo.quality if slo else None,
-            ))  # fmt: skip
+        """The batch's raw columns, without a Python step per layer.
 
-        return c
+        The layers of all records are flattened once; each field is pulled out of all of
+        them by one `map` in C; stream rows, groups and kernel changes are looked up in C
+        or found with numpy, and only what is new (a stream, a group, a kernel) takes a
+        Python step of its own.
+        """
+        recs = [rec for rec, _ in accepted]
+        devs = [dev for _, dev in accepted]
+        m = len(recs)
+        per_rec = list(map(_LAYERS, recs))
+        flat = list(chain.from_iterable(per_rec))
+        n = len(flat)
+        counts = np.fromiter(map(len, per_rec), dtype=np.int64, count=m)
+        lrec = np.repeat(np.arange(m, dtype=np.int64), counts)
+        types = list(map(_TYPE, flat))
+        # Layer types as small codes for this batch (a handful of distinct names).
+        type_code = {t: k for k, t in enumerate(dict.fromkeys(types))}
+        tcodes = np.fromiter(map(type_code.__getitem__, types), dtype=np.int64, count=n)
+        drows = np.fromiter(map(_ROW, devs), dtype=np.int64, count=m)
+        dts = np.fromiter(map(_TS, recs), dtype=np.float64, count=m)
+        lrows = self._layer_rows(drows[lrec], types)
+        lgroup, dgroup = self._group_ids(devs, list(type_code), tcodes, counts, lrec)
+        # None -> NaN: not measured.
+        lraw = np.array(list(map(_INPUTS, flat)), dtype=np.float64).reshape(n, len(LAYER_INPUTS))
+        stats = np.array(
+            [_STATS(_NO_STATS if r.device_stats is None else r.device_stats) for r in recs],
+            dtype=np.float64,
+        ).reshape(m, len(_STATS_FIELDS))
+        ingress = np.array(
+            [_INGRESS(_NO_INGRESS if r.ingress is None else r.ingress) for r in recs],
+            dtype=np.float64,
+        ).reshape(m, len(_INGRESS_FIELDS))
+        slo = np.array([_SLO(_NO_SLO if r.slo is None else r.slo) for r in recs],
+                       dtype=np.float64).reshape(m, len(_SLO_FIELDS))  # fmt: skip
+        dpeak = np.fromiter(map(_PEAK, devs), dtype=np.float64, count=m)
+        return _Columns(
+            lrows=lrows,
+            lts=dts[lrec],
+            lraw=lraw,
+            lpeak=dpeak[lrec],
+            lgroup=lgroup,
+            lrec=lrec,
+            kchanges=self._kernel_changes(lrows, list(map(_KERNEL, flat)), dts[lrec]),
+            drows=drows,
+            dts=dts,
+            dwin=np.fromiter(map(_WINDOW_S, recs), dtype=np.float64, count=m),
+            dpeak=dpeak,
+            dflops=_device_flops(lraw[:, _FLOPS], tcodes == type_code.get("all", -1), lrec, m),
+            draw=np.concatenate([stats, ingress, slo], axis=1),
+            dgroup=dgroup,
+            dload=ingress[:, [_BATCH, _REQ_RATE]],
+        )
+
+    def _layer_rows(self, dev_rows: I64, types: list[str]) -> I64:
+        """Each layer entry's stream row, new rows in entry order for new streams."""
+        index = self.layer_index
+        keys = zip(dev_rows.tolist(), types, strict=True)
+        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(types))
+        for i in np.flatnonzero(rows < 0).tolist():
+            rows[i] = self._layer_row(int(dev_rows[i]), types[i])
+        return rows
+
+    def _group_ids(
+        self, devs: list[_Device], type_names: list[str], tcodes: I64, counts: I64, lrec: I64
+    ) -> tuple[I64, I64]:
+        """Group ids per layer entry and per record, new groups made in the order a walk
+        over records (each one's layers, then its device level) would meet them."""
+        m, n = len(devs), tcodes.size
+        # A device's family (its device-level key) decides its group for every layer type.
+        family: dict[GroupKey, int] = {}
+        fam = np.fromiter((family.setdefault(self._group_key(d, ""), len(family)) for d in devs),
+                          dtype=np.int64, count=m)  # fmt: skip
+        width = len(type_names) + 1  # type codes, then the device level
+        # (family, layer type) pairs in walk order: record r's layers, then its device level.
+        layer_at = np.arange(n, dtype=np.int64) + lrec
+        device_at = np.cumsum(counts) + np.arange(m, dtype=np.int64)
+        pair = np.empty(n + m, dtype=np.int64)
+        pair[layer_at] = fam[lrec] * width + tcodes
+        pair[device_at] = fam * width + (width - 1)
+        uniq, first, inv = np.unique(pair, return_index=True, return_inverse=True)
+        _, one_of = np.unique(fam, return_index=True)  # a record of each family
+        gids = np.empty(uniq.size, dtype=np.int64)
+        for k in np.argsort(first).tolist():
+            f, code = divmod(int(uniq[k]), width)
+            layer = type_names[code] if code < width - 1 else ""
+            gids[k] = self._group_id(devs[int(one_of[f])], layer)
+        gid = gids[inv.reshape(-1)]
+        return gid[layer_at], gid[device_at]
+
+    def _kernel_changes(
+        self, rows: I64, kernels: list[str | None], ts: F64
+    ) -> list[tuple[int, float, str | None, str]]:
+        """(row, ts, old, new) for each layer entry whose kernel differs from its stream's
+        last one, in entry order; an entry without a kernel changes nothing. A stream may
+        occur several times in a batch: each entry compares with the one before it."""
+        n = len(kernels)
+        if n == 0:
+            return []
+        last = self.last_kernel
+        before = list(map(last.__getitem__, rows.tolist()))  # each stream's, before the batch
+        # Kernel names as codes for this batch; -1: none.
+        code: dict[str | None, int] = {None: -1}
+        for name in chain(dict.fromkeys(kernels), dict.fromkeys(before)):
+            code.setdefault(name, len(code) - 1)
+        names = [name for name in code if name is not None]  # by code
+        # Entries grouped by stream (a run), in entry order within each run.
+        order = np.argsort(rows, kind="stable")
+        run_rows = rows[order]
+        new = np.fromiter(map(code.__getitem__, kernels), dtype=np.int64, count=n)[order]
+        start = np.fromiter(map(code.__getitem__, before), dtype=np.int64, count=n)[order]
+        pos = np.arange(n)
+        opens = np.r_[True, run_rows[1:] != run_rows[:-1]]
+        run_start = np.maximum.accumulate(np.where(opens, pos, 0))
+        has = new >= 0
+        latest = np.maximum.accumulate(np.where(has, pos, -1))  # last entry with a kernel
+        prev = np.r_[-1, latest[:-1]]
+        # The kernel an entry is compared with: the run's nearest earlier one, else the
+        # stream's before the batch.
+        old = np.where(prev >= run_start, new[np.maximum(prev, 0)], start)
+        changed = has & (new != old)
+        if not changed.any():
+            return []
+        # A stream whose kernel changed keeps its run's last kernel.
+        closes = np.r_[opens[1:], True]
+        touched = np.maximum.accumulate(np.where(changed, pos, -1)) >= run_start
+        for j in np.flatnonzero(closes & touched).tolist():
+            last[int(run_rows[j])] = names[int(new[latest[j]])]
+        said = np.flatnonzero(changed & (old >= 0))
+        said = said[np.argsort(order[said])]  # back to entry order
+        return [
+            (row, t, names[o], names[c])
+            for row, t, o, c in zip(run_rows[said].tolist(), ts[order[said]].tolist(),
+                                    old[said].tolist(), new[said].tolist(), strict=True)
+        ]  # fmt: skip
 
     def _frame(self, c: _Columns) -> Frame:
         """Metric matrices and pool aggregates from the raw columns (vectorised)."""
-        raw = np.array(c.lraw, dtype=np.float64).reshape(-1, len(LAYER_INPUTS))
-        peak = np.array(c.lpeak, dtype=np.float64)
+        raw, peak = c.lraw, c.lpeak
         lvals = layer_metrics(raw, peak)
-        dvals = np.empty((len(c.drows), len(DEVICE_METRICS)))
-        dvals[:, 0] = device_mfu(
-            np.array(c.dflops, dtype=np.float64),
-            np.array(c.dwin),
-            np.array(c.dpeak, dtype=np.float64),
-        )
-        dvals[:, 1:] = np.array(c.draw, dtype=np.float64).reshape(-1, len(DEVICE_METRICS) - 1)
-        layer_ts = np.array(c.lts, dtype=np.float64)
-        device_ts = np.array(c.dts, dtype=np.float64)
-        layer_group = np.array(c.lgroup, dtype=np.int64)
-        device_group = np.array(c.dgroup, dtype=np.int64)
-        device_load = np.array(c.dload, dtype=np.float64).reshape(-1, 2)
-        layer_load = device_load[np.array(c.lload_idx, dtype=np.int64)]
-        layer_rows = np.array(c.lrows, dtype=np.int64)
-        device_rows = np.array(c.drows, dtype=np.int64)
+        dvals = np.empty((c.drows.size, len(DEVICE_METRICS)))
+        dvals[:, 0] = device_mfu(c.dflops, c.dwin, c.dpeak)
+        dvals[:, 1:] = c.draw
+        layer_ts, device_ts = c.lts, c.dts
+        layer_group, device_group = c.lgroup, c.dgroup
+        device_load = c.dload
+        layer_load = device_load[c.lrec]
+        layer_rows, device_rows = c.lrows, c.drows
         np.maximum.at(self.layer_seen, layer_rows, layer_ts)
         np.maximum.at(self.device_seen, device_rows, device_ts)
         np.maximum.at(self.group_seen, layer_group, layer_ts)
@@ -636,6 +757,26 @@ class StreamTable:
         return t
 
 
+_FLOPS = LAYER_INPUTS.index("flops")
+
+
+def _device_flops(flops: F64, is_all: Bools, lrec: I64, m: int) -> F64:
+    """Per record: the sum of its layers' flops, or where none has any, its "all" layer's
+    (an exporter that knows only device counters sends one layer "all"); NaN: neither.
+
+    `bincount` adds each record's terms one by one in layer order, from 0.0, as a walk
+    over the layers would, so the sums are bit for bit the same.
+    """
+    part = ~is_all & ~np.isnan(flops)
+    total = np.bincount(lrec, weights=np.where(part, flops, 0.0), minlength=m)
+    summed = np.bincount(lrec, weights=part, minlength=m) > 0
+    whole = np.full(m, np.nan)
+    alls = is_all & ~np.isnan(flops)
+    whole[lrec[alls]] = flops[alls]  # types are unique per record: one "all" at most
+    out: F64 = np.where(summed, total, whole)
+    return out
+
+
 def _over(cap: int | None, n: int) -> bool:
     return cap is not None and n > cap
 
@@ -669,8 +810,7 @@ class _Room:
                 new_layers.append((rec.device, layer.type))
             else:
                 keep["layer"].add(row)
-        for gkey in [(rec.pool, rec.model, "", rec.hw),
-                     *((rec.pool, rec.model, la.type, rec.hw) for la in rec.layers)]:
+        for gkey in [t._group_key(rec, ""), *(t._group_key(rec, la.type) for la in rec.layers)]:
             gid = t.groups.get(gkey)
             if gid is None:
                 new_groups.append(gkey)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from monitor.arrays import F64
 from monitor.core.stream_table import Frame
 from monitor.wire import Alert
 
 
-@dataclass(frozen=True, slots=True)
-class RawMessage:
-    """One undecoded record and where it came from (offset -1 when not from Kafka)."""
+class RawMessage(msgspec.Struct, frozen=True, gc=False):
+    """One undecoded record and where it came from (offset -1 when not from Kafka).
+
+    A struct rather than a frozen dataclass: one is made per record the source hands
+    over, and a frozen dataclass's __init__ costs about ten times as much. Untracked by
+    the cycle collector: it holds only strings, numbers and bytes."""
 
     topic: str
     partition: int

@@ -23,11 +23,13 @@ _LEN = struct.Struct("<I")
 def pack(kind: str, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
     """Serialise a kind tag, JSON-able parameters and named arrays into one blob."""
     specs = []
-    chunks = []
+    chunks: list[memoryview] = []
     for name, arr in arrays.items():
         a = np.ascontiguousarray(arr)
         specs.append([name, a.dtype.str, list(a.shape)])
-        chunks.append(a.tobytes())
+        # The array's own buffer: `join` copies it once (a `tobytes` first would copy
+        # a partition's whole detector state twice).
+        chunks.append(a.data)
     header = json.dumps(
         {"kind": kind, "params": dict(params), "arrays": specs}, sort_keys=True
     ).encode()

@@ -8,7 +8,6 @@ sends the one fleet-scope alert a single daemon holding the whole fleet would se
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import signal
@@ -63,7 +62,7 @@ def single_replica_ids(batches: list[list[RawMessage]]) -> dict[str, set[str]]:
     ids: dict[str, set[str]] = {}
     for batch in batches:
         moved = [m if m.topic == "flopwatch.changes"
-                 else dataclasses.replace(m, partition=0 if b'"train-a"' in m.value else 1)
+                 else msgspec.structs.replace(m, partition=0 if b'"train-a"' in m.value else 1)
                  for m in batch]  # fmt: skip
         for a in pipeline.process(moved).alerts:
             ids.setdefault(a.scope.level, set()).add(a.id)

@@ -248,3 +248,64 @@ def test_a_change_event_in_milliseconds_is_rejected() -> None:
     ev = {"v": 1, "ts": 1_764_432_010_000, "id": "c", "kind": "driver", "scope": {}}
     with pytest.raises(DecodeError, match="milliseconds"):
         Codec().decode_change(json.dumps(ev).encode())
+
+
+def _outcome(codec: Codec, value: bytes) -> WindowRecord | str:
+    try:
+        return codec.decode_window(value)
+    except DecodeError as exc:
+        return exc.reason
+
+
+def _batch_outcomes(codec: Codec, values: list[bytes]) -> list[WindowRecord | str]:
+    return [r.reason if isinstance(r, DecodeError) else r for r in codec.decode_windows(values)]
+
+
+def test_a_batch_decodes_as_each_record_alone() -> None:
+    """decode_windows gives, per value, what decode_window gives: the record or the same
+    reason; a bad record costs none of its neighbours."""
+    layer = {"type": "mlp", "cycles": 10.0, "stall_mem_cycles": 4.0}
+    tricky = [
+        # a repeat after a bad stall (the stall is first) and the other way round
+        [dict(layer, type="a", stall_mem_cycles=11.0), dict(layer, type="b"),
+         dict(layer, type="b")],
+        [dict(layer, type="a"), dict(layer, type="a"),
+         dict(layer, type="b", stall_mem_cycles=11.0)],
+        [dict(layer, type="a"), dict(layer, type="b"), dict(layer, type="a")],
+        # stall within the 1e-6 slack and just past it; stall or cycles missing
+        [dict(layer, stall_mem_cycles=10.0 * (1 + 1e-7))],
+        [dict(layer, stall_mem_cycles=10.0 * (1 + 5e-6))],
+        [{"type": "a", "stall_mem_cycles": 5.0}, {"type": "b", "cycles": 5.0}],
+        # too many layers is said before their repeats
+        [{"type": "x"}] * 300,
+        [],
+    ]  # fmt: skip
+    values = [json.dumps(GOOD).encode(), *(v for v, _ in BAD)]
+    values += [json.dumps({**_GOOD, "layers": ls}).encode() for ls in tricky]
+    values += [json.dumps(GOOD).encode()]
+    codec = Codec()
+    alone = [_outcome(codec, v) for v in values]
+    assert _batch_outcomes(codec, values) == alone
+    assert isinstance(alone[0], WindowRecord)
+    assert isinstance(alone[-1], WindowRecord)
+    assert sum(isinstance(a, str) for a in alone) == len(BAD) + 5
+    assert _batch_outcomes(codec, []) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from("abc"),
+                                   st.none() | st.sampled_from([0.0, 5.0, 10.0]),
+                                   st.none() | st.sampled_from([0.0, 5.0, 10.0, 10.5])),
+                         max_size=4),
+                max_size=6))  # fmt: skip
+def test_batch_layer_checks_match_the_walk(recs: list[list[tuple[str, float | None, float | None]]]
+                                           ) -> None:  # fmt: skip
+    """Repeated types and stalls above cycles, anywhere in any record of a batch."""
+    values = [
+        json.dumps({**_GOOD, "layers": [
+            {k: v for k, v in (("type", t), ("cycles", c), ("stall_mem_cycles", s))
+             if v is not None} for t, c, s in layers]}).encode()
+        for layers in recs
+    ]  # fmt: skip
+    codec = Codec()
+    assert _batch_outcomes(codec, values) == [_outcome(codec, v) for v in values]

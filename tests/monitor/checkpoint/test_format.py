@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 
-from monitor.checkpoint.format import Assembler, encode_chunks
+from monitor.checkpoint.format import Assembler, compress, encode_chunks
 
 
 def _records(key: bytes | None, chunks_of: int = 3, cid: str = "a"):
@@ -36,3 +36,18 @@ def test_signed_slots_are_sized_by_verified_checkpoints_only() -> None:
         asm.feed(k.encode(), v)
     assert asm.slot_chunks == {("g/s/0", 0): len(_records(key))}
     assert len(forged) > len(_records(key))
+
+
+def test_payloads_are_zstd_and_zlib_checkpoints_still_restore() -> None:
+    """New checkpoints are zstd frames; one written before zstd (zlib) reads back too."""
+    payload = b"state" * 10_000 + bytes(range(256))
+    stored = compress(payload)
+    assert stored[:4] == b"\x28\xb5\x2f\xfd"
+    assert len(stored) < len(payload) // 10
+    for blob in (stored, zlib.compress(payload, 6)):
+        asm = Assembler()
+        for k, v in encode_chunks("g/s/0", blob, checkpoint_id="c", slot=0, offsets={"s/0": 7},
+                                  watermark=None, created_at=0.0, chunk_bytes=1000):  # fmt: skip
+            asm.feed(k.encode(), v)
+        (cp,) = asm.result()["g/s/0"]
+        assert cp.payload() == payload

@@ -20,7 +20,7 @@ POINTS = STAGE.kafka.topics.change_points
 def by_pool(batches: list[list[RawMessage]]) -> list[list[RawMessage]]:
     """Each pool on its own input partition, as `repartition` puts it (0: train-a)."""
     return [[m if m.topic == "flopwatch.changes"
-             else dataclasses.replace(m, partition=0 if b'"train-a"' in m.value else 1)
+             else msgspec.structs.replace(m, partition=0 if b'"train-a"' in m.value else 1)
              for m in batch] for batch in batches]  # fmt: skip
 
 
