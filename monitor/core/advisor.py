@@ -126,9 +126,13 @@ class Advisor:
             self._ids.difference_update(c.id for c in self.changes[:cut])
             del self.changes[:cut], self._keys[:cut]
 
-    def candidates(self, inc: Incident, stage: Stage, level: str = "pool") -> list[ChangeEvent]:
-        """Changes that may explain the incident, most recent first."""
+    def candidates(
+        self, inc: Incident, stage: Stage, level: str = "pool", since: float | None = None
+    ) -> list[ChangeEvent]:
+        """Changes that may explain the incident, most recent first (none before `since`)."""
         earliest, latest = inc.onset_ts - self.lookback_s, inc.onset_ts + inc.window_s
+        if since is not None:
+            earliest = max(earliest, since)
         lo = bisect.bisect_left(self.changes, True, key=lambda c: earliest <= c.ts)
         hi = bisect.bisect_left(self.changes, True, key=lambda c: c.ts > latest)
         out = [
@@ -164,10 +168,11 @@ class Advisor:
         return False
 
     def suggest(
-        self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str, level: str = "pool"
+        self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str, level: str = "pool",
+        since: float | None = None,
     ) -> Suggestion:
         """A rollback when a fitting change exists, else the next bounded step (a hypothesis)."""
-        found = self.candidates(inc, stage, level)
+        found = self.candidates(inc, stage, level, since)
         if found:
             ch = found[0]
             # Closer to the onset and alone in its window -> more likely the cause.

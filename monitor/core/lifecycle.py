@@ -18,7 +18,7 @@ import numpy as np
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
-from monitor.core.correlator import ChangePoint, Incident
+from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
 from monitor.indicators import (
     COMM_LAYERS,
     COMPLEMENT,
@@ -372,8 +372,13 @@ class AlertLifecycle:
         level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
         what = f"{inc.layers[0] + ' ' if inc.layers else ''}{_METRIC_WORDS.get(metric, metric)}"
+        # What queueing alone looks like (overload) is explained by a change only when the
+        # change came right before it (within LEAD_WINDOWS, as any cause must): an admission
+        # rule acts on the queue at once. A queue that built up at a burst long after a
+        # traffic change is the burst's, like every burst before it: capacity, not a page.
+        since = inc.onset_ts - LEAD_WINDOWS * inc.window_s if bottleneck == "overload" else None
         suggestion = self.advisor.suggest(
-            inc, stage, bottleneck, guardrail(what, metric, before, self.s), level
+            inc, stage, bottleneck, guardrail(what, metric, before, self.s), level, since=since
         )
         if bottleneck == "overload" and suggestion.action == "rollback":
             # A change that fits explains it: the traffic only exposed it. Not overload.

@@ -87,6 +87,19 @@ def test_a_fitting_change_turns_overload_back_into_a_rollback_page() -> None:
     assert alert.severity == "page"
 
 
+def test_a_traffic_change_long_before_a_bursts_queue_does_not_explain_it() -> None:
+    """A traffic-weight change 27 minutes before a burst's queue is no rollback: the burst
+    is capacity, like every burst before it (a healthy fleet paged on exactly this)."""
+    chg = ChangeEvent(
+        v=1, ts=T0 - 1605.0, id="chg-2", kind="traffic_policy", scope=ChangeScope(pool=POOL),
+        from_="weight=1.0", to="weight=1.2",
+    )  # fmt: skip
+    alert = _render(_incident(req_after=220.0), [chg])
+    assert alert.suggestion.change_id is None
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+
+
 def test_loss_of_an_up_is_bad_metric_is_bounded() -> None:
     """One device whose p99 went x225 (its queue backed up) in a pool of 56 is not a page."""
     assert severity("lat_p99_ms", 10.0, 2250.0, 22400.0, 1 / 56, "ingress", 0.1) == "info"
