@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from monitor.arrays import F64, I64
-from monitor.core.stream_table import Frame, StreamTable
+from monitor.core.stream_table import DEVICE_GROUPS, Frame, StreamTable
 from monitor.indicators import LAYER_METRICS
 
 _MFU, _STALL = LAYER_METRICS.index("mfu"), LAYER_METRICS.index("stall_frac")
@@ -69,8 +69,8 @@ def combine(
     acc: dict[tuple[str, str], list[float]] = {}
     for table, levels in parts:
         for (pool, _model, layer, _hw), gid in table.groups.items():
-            # layer "": a device-level group, not a layer aggregate
-            if not layer or gid >= levels.ts.size or np.isnan(levels.ts[gid]):
+            # a device-level group (`DEVICE_GROUPS`), not a layer aggregate
+            if layer in DEVICE_GROUPS or gid >= levels.ts.size or np.isnan(levels.ts[gid]):
                 continue
             mfu, stall, n = levels.values[gid].tolist()
             a = acc.setdefault((pool or "", layer), [0.0, 0.0, 0.0, 0.0, 0.0])

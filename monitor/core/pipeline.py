@@ -19,6 +19,7 @@ from monitor.arrays import F64, I64
 from monitor.config import Settings, catalog_from
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import AGGREGATE, ChangePoint, Correlator, Incident
+from monitor.core.coverage import stage_of
 from monitor.core.fleet import REPORT_VERSION, FleetStage, Report, encode_report, page_of
 from monitor.core.lifecycle import AlertLifecycle, AlertState
 from monitor.core.state import (
@@ -35,7 +36,14 @@ from monitor.core.state import (
     restore_partition,
     snapshot_partition,
 )
-from monitor.core.stream_table import STREAM_KINDS, Frame, Released, StreamKind, StreamTable
+from monitor.core.stream_table import (
+    DEVICE_GROUPS,
+    STREAM_KINDS,
+    Frame,
+    Released,
+    StreamKind,
+    StreamTable,
+)
 from monitor.core.types import DeadLetter, NormView, Output, RawMessage
 from monitor.detect import Detections, Detector
 from monitor.errors import DecodeError
@@ -454,8 +462,11 @@ class Pipeline:
             for p in (q for member in (inc, *inc.children) for q in member.primary_points()):
                 st = self.partitions.get(p.partition)
                 if st is not None:
-                    found = st.table.gids_of(p.pool, p.model, p.layer or "")
-                    by_part.setdefault(p.partition, set()).update(found)
+                    # A device-level metric: both device-level families of its pool
+                    # (per-layer and `all`-only devices) hold, whichever its device is in.
+                    for layer in (p.layer,) if p.layer else DEVICE_GROUPS:
+                        found = st.table.gids_of(p.pool, p.model, layer)
+                        by_part.setdefault(p.partition, set()).update(found)
             for part, gids in by_part.items():
                 arr = np.array(sorted(gids), dtype=np.int64)
                 for adjuster in self.partitions[part].adjusters.values():
@@ -666,7 +677,7 @@ class Pipeline:
                 device, host, layer, win = (
                     AGGREGATE + (pool or ""),
                     None,
-                    group_layer or None,
+                    None if group_layer in DEVICE_GROUPS else group_layer,
                     window_s,
                 )
             else:
@@ -681,7 +692,7 @@ class Pipeline:
                 pool, model, host, win = dev.pool, dev.model, dev.host, dev.window_s
             out.append(ChangePoint(
                 device=device, host=host, pool=pool, model=model, layer=layer, metric=metric,
-                stage=STAGE_OF[metric], onset_ts=float(det.onset_ts[i]),
+                stage=stage_of(metric, layer, STAGE_OF[metric]), onset_ts=float(det.onset_ts[i]),
                 detected_ts=float(det.detected_ts[i]), before=float(det.before[i]),
                 after=float(det.after[i]), score=float(np.round(det.score[i], 6)),
                 window_s=win, row=row, partition=partition,

@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from monitor.arrays import F64, I64, Bools
+from monitor.core.coverage import COARSE_LAYER
 from monitor.hardware import Catalog
 from monitor.indicators import (
     DEVICE_METRICS,
@@ -225,6 +226,20 @@ class _HasFamily(Protocol):
     def hw(self) -> str | None: ...
 
 
+# The device-level group of devices that send only the whole-device layer `all` (a
+# dcgm-exporter sidecar): their device MFU is an estimate from tensor-pipe activity, not
+# a sum of counted per-layer FLOPs, so one pool's two kinds of devices are two families,
+# with their own pool aggregates, load models and warm starts (`device_group_layer`).
+COARSE_DEVICE_GROUP = "device:all"
+DEVICE_GROUPS = ("", COARSE_DEVICE_GROUP)
+
+
+def device_group_layer(rec: WindowRecord) -> str:
+    """The layer part of a record's device-level group key: "" unless every layer is `all`."""
+    coarse = bool(rec.layers) and all(la.type == COARSE_LAYER for la in rec.layers)
+    return COARSE_DEVICE_GROUP if coarse else ""
+
+
 @dataclass
 class StreamTable:
     """Registry of streams and their metadata; builds Frames from decoded records."""
@@ -340,9 +355,10 @@ class StreamTable:
     def predecessor(self, gid: int) -> int | None:
         """The device-level group a new model version's device-level group follows: same
         pool and hardware, another model, the most recently seen (None: none, or a layer
-        group: per-layer efficiency is the model's own and is learned afresh)."""
+        group: per-layer efficiency is the model's own and is learned afresh). `all`-only
+        devices' group follows theirs (`COARSE_DEVICE_GROUP`)."""
         pool, model, layer, hw = self.group_key(gid)
-        if layer:
+        if layer not in DEVICE_GROUPS:
             return None
         best, seen = None, -np.inf
         for (p, m, la, h), g in self.groups.items():
@@ -517,7 +533,10 @@ class StreamTable:
         drows = np.fromiter(map(_ROW, devs), dtype=np.int64, count=m)
         dts = np.fromiter(map(_TS, recs), dtype=np.float64, count=m)
         lrows = self._layer_rows(drows[lrec], types)
-        lgroup, dgroup = self._group_ids(devs, list(type_code), tcodes, counts, lrec)
+        is_all = tcodes == type_code.get(COARSE_LAYER, -1)
+        # Records whose every layer is `all` (a dcgm-exporter's): their own device family.
+        coarse = (counts > 0) & (np.bincount(lrec, weights=~is_all, minlength=m) == 0)
+        lgroup, dgroup = self._group_ids(devs, list(type_code), tcodes, counts, lrec, coarse)
         # None -> NaN: not measured.
         lraw = np.array(list(map(_INPUTS, flat)), dtype=np.float64).reshape(n, len(LAYER_INPUTS))
         stats = np.array(
@@ -543,7 +562,7 @@ class StreamTable:
             dts=dts,
             dwin=np.fromiter(map(_WINDOW_S, recs), dtype=np.float64, count=m),
             dpeak=dpeak,
-            dflops=_device_flops(lraw[:, _FLOPS], tcodes == type_code.get("all", -1), lrec, m),
+            dflops=_device_flops(lraw[:, _FLOPS], is_all, lrec, m),
             draw=np.concatenate([stats, ingress, slo], axis=1),
             dgroup=dgroup,
             dload=ingress[:, [_BATCH, _REQ_RATE]],
@@ -559,15 +578,25 @@ class StreamTable:
         return rows
 
     def _group_ids(
-        self, devs: list[_Device], type_names: list[str], tcodes: I64, counts: I64, lrec: I64
+        self,
+        devs: list[_Device],
+        type_names: list[str],
+        tcodes: I64,
+        counts: I64,
+        lrec: I64,
+        coarse: Bools,
     ) -> tuple[I64, I64]:
         """Group ids per layer entry and per record, new groups made in the order a walk
         over records (each one's layers, then its device level) would meet them."""
         m, n = len(devs), tcodes.size
-        # A device's family (its device-level key) decides its group for every layer type.
+        # A record's family (its device-level key) decides its group for every layer type:
+        # the device's, `COARSE_DEVICE_GROUP` for a record of layer `all` only.
+        level = [COARSE_DEVICE_GROUP if c else "" for c in coarse.tolist()]
         family: dict[GroupKey, int] = {}
-        fam = np.fromiter((family.setdefault(self._group_key(d, ""), len(family)) for d in devs),
+        fam = np.fromiter((family.setdefault(self._group_key(d, lv), len(family))
+                           for d, lv in zip(devs, level, strict=True)),
                           dtype=np.int64, count=m)  # fmt: skip
+        fam_level = [key[2] for key in family]
         width = len(type_names) + 1  # type codes, then the device level
         # (family, layer type) pairs in walk order: record r's layers, then its device level.
         layer_at = np.arange(n, dtype=np.int64) + lrec
@@ -580,7 +609,7 @@ class StreamTable:
         gids = np.empty(uniq.size, dtype=np.int64)
         for k in np.argsort(first).tolist():
             f, code = divmod(int(uniq[k]), width)
-            layer = type_names[code] if code < width - 1 else ""
+            layer = type_names[code] if code < width - 1 else fam_level[f]
             gids[k] = self._group_id(devs[int(one_of[f])], layer)
         gid = gids[inv.reshape(-1)]
         return gid[layer_at], gid[device_at]
@@ -810,7 +839,8 @@ class _Room:
                 new_layers.append((rec.device, layer.type))
             else:
                 keep["layer"].add(row)
-        for gkey in [t._group_key(rec, ""), *(t._group_key(rec, la.type) for la in rec.layers)]:
+        for gkey in [t._group_key(rec, device_group_layer(rec)),
+                     *(t._group_key(rec, la.type) for la in rec.layers)]:  # fmt: skip
             gid = t.groups.get(gkey)
             if gid is None:
                 new_groups.append(gkey)
