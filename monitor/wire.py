@@ -171,8 +171,25 @@ class Suggestion(msgspec.Struct, frozen=True, rename={"from_": "from"}):
     scope: ChangeScope | None = None
 
 
+class NotJudged(msgspec.Struct, frozen=True):
+    """A stage the incident's devices could not show failing: none of its fields came in.
+
+    `missing` names the contract §3 fields (a `+` joins the parts of a ratio), any one of
+    which would have let the stage be judged; `devices` is how many of the incident's
+    devices lacked them all (of `scope.device_count`).
+    """
+
+    stage: Stage
+    devices: int
+    missing: list[str]
+
+
 class Alert(msgspec.Struct, frozen=True, omit_defaults=True):
-    """An incident alert (contract §5), keyed by its deterministic `id`."""
+    """An incident alert (contract §5), keyed by its deterministic `id`.
+
+    `not_judged` is an optional field (the contract lets v1 gain optional fields), left
+    out when every stage could be judged on every device of the incident.
+    """
 
     v: Literal[1]
     id: str
@@ -196,6 +213,9 @@ class Alert(msgspec.Struct, frozen=True, omit_defaults=True):
     # Optional (absent when empty): on a fleet-scope alert of the fleet stage across
     # replicas (`kafka.fleet_stage`), the ids of the pool alerts its replicas sent for it.
     pool_alerts: list[str] = msgspec.field(default_factory=list)
+    # Optional (absent when empty): the stages the incident's devices could not show
+    # failing, for lack of fields (`core.coverage`).
+    not_judged: list[NotJudged] = msgspec.field(default_factory=list)
 
 
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")

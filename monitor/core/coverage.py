@@ -1,14 +1,85 @@
 """Which stages of the execution flow a device's records let the monitor judge.
 
-Contract §3 names the indicators of each stage. A device that sends only the
-whole-device layer `all` (a dcgm-exporter sidecar) has no per-layer split: an
-indicator that speaks for its stage only per layer type is, on `all`, evidence of
-execution alone (`stage_of`).
+Contract §3 names the indicators of each stage. A device that never sends any of a
+stage's fields cannot show that stage failing: a dcgm-exporter sidecar sends one layer
+`all` with device counters (no kernel names, no per-layer split, no SRAM hits or
+spills), so lowering and scheduling go unseen on it; a profiler trace has no request
+queue and no SLO. An alert names such stages (`Alert.not_judged`) instead of implying
+they were checked and found healthy.
+
+Each device carries a bit mask of the fields its newest window record had
+(`StreamTable.device_fields`); a stage is judged on a device when one of its
+alternatives (a field, or a pair that makes a ratio) is all there.
 """
 
 from __future__ import annotations
 
-from monitor.wire import Stage
+from collections.abc import Iterable
+
+import numpy as np
+
+from monitor.arrays import F64, I64, Bools
+from monitor.indicators import DEVICE_METRICS, LAYER_INPUTS
+from monitor.wire import STAGES, NotJudged, Stage
+
+# One bit per measured field: the layer counters (any layer, `all` included), the kernel
+# name, arithmetic intensity on a typed layer, and the device-level fields (the device
+# matrix's columns after device MFU, which is derived).
+_FIELDS: tuple[str, ...] = (
+    *(f"layers[].{name}" for name in LAYER_INPUTS),
+    "layers[].kernel",
+    "typed_intensity",
+    *DEVICE_METRICS[1:],
+)
+BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(_FIELDS)}
+# Weights that turn an isfinite matrix into masks (column order of LAYER_INPUTS / the
+# device matrix less device MFU).
+LAYER_BITS = np.array([BIT[f"layers[].{n}"] for n in LAYER_INPUTS], dtype=np.int64)
+DEVICE_BITS = np.array([BIT[n] for n in DEVICE_METRICS[1:]], dtype=np.int64)
+KERNEL_BIT = BIT["layers[].kernel"]
+TYPED_INTENSITY_BIT = BIT["typed_intensity"]
+_FLOPS = LAYER_INPUTS.index("flops")
+_BYTES = LAYER_INPUTS.index("bytes_hbm")
+
+_DEVICE_FIELD = {
+    "clock_mhz": "device_stats.clock_mhz", "temp_c": "device_stats.temp_c",
+    "power_w": "device_stats.power_w", "req_rate": "ingress.req_rate",
+    "queue_depth": "ingress.queue_depth", "queue_wait_ms": "ingress.queue_wait_ms",
+    "batch": "ingress.batch", "lat_p50_ms": "slo.lat_p50_ms", "lat_p95_ms": "slo.lat_p95_ms",
+    "lat_p99_ms": "slo.lat_p99_ms", "quality": "slo.quality",
+}  # fmt: skip
+
+
+def _alt(*fields: str) -> tuple[str, int]:
+    """One way to judge a stage: these fields together (a ratio needs both of its parts),
+    named as the contract names them."""
+    mask = 0
+    for f in fields:
+        mask |= BIT[f]
+    words = [_DEVICE_FIELD.get(f, f) for f in fields]
+    if fields == ("typed_intensity",):
+        words = ["layers[].flops+bytes_hbm per layer type"]
+    return "+".join(words).replace("+layers[].", "+"), mask
+
+
+# Contract §3, stage by stage: the alternatives, any one of which lets the stage be
+# judged. Arithmetic intensity counts only on a typed layer (`_PER_LAYER_ONLY`). Release
+# is the monitor's own alerts and change events: always there.
+STAGE_FIELDS: dict[Stage, tuple[tuple[str, int], ...]] = {
+    "ingress": tuple(_alt(f) for f in ("req_rate", "queue_depth", "queue_wait_ms", "batch")),
+    "lowering": (_alt("layers[].kernel"), _alt("layers[].fallback_frac")),
+    "scheduling": (
+        _alt("layers[].sram_hit"), _alt("layers[].spill_bytes"), _alt("typed_intensity"),
+    ),
+    "execution": (
+        _alt("layers[].flops", "layers[].busy_s"),
+        _alt("layers[].stall_mem_cycles", "layers[].cycles"),
+        _alt("layers[].occupancy"),
+        _alt("layers[].sync_wait_s", "layers[].busy_s"),
+        _alt("clock_mhz"), _alt("temp_c"), _alt("power_w"),
+    ),
+    "validation": tuple(_alt(f) for f in ("lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality")),
+}  # fmt: skip
 
 # Indicators that speak for their stage only per layer type. Arithmetic intensity on
 # `all` mixes every layer's intensity, so it moves with the workload's mix as much as
@@ -25,3 +96,45 @@ def stage_of(metric: str, layer: str | None, stage: Stage) -> Stage:
     if layer == COARSE_LAYER and metric in _PER_LAYER_ONLY:
         return "execution"
     return stage
+
+
+def record_masks(
+    layer_raw: F64,
+    layer_typed: Bools,
+    layer_kernel: I64,
+    layer_record: I64,
+    device_raw: F64,
+) -> I64:
+    """Per window record, the mask of the fields it carried (vectorised over a batch).
+
+    `layer_raw` (n, len(LAYER_INPUTS)) and `layer_typed` (n,) per layer, `layer_kernel`
+    the positions of layers with a kernel name, `layer_record` each layer's record index;
+    `device_raw` (m, len(DEVICE_METRICS) - 1) per record.
+    """
+    out = (np.isfinite(device_raw).astype(np.int64) @ DEVICE_BITS).astype(np.int64)
+    if layer_raw.shape[0]:
+        ok = np.isfinite(layer_raw)
+        bits = ok.astype(np.int64) @ LAYER_BITS
+        bits[layer_kernel] |= KERNEL_BIT
+        bits[ok[:, _FLOPS] & ok[:, _BYTES] & layer_typed] |= TYPED_INTENSITY_BIT
+        np.bitwise_or.at(out, layer_record, bits)
+    return out
+
+
+def judged(stage: Stage, mask: int) -> bool:
+    """Whether a device whose records carry `mask` lets `stage` be judged."""
+    alts = STAGE_FIELDS.get(stage)
+    return alts is None or any(mask & m == m for _, m in alts)
+
+
+def not_judged(masks: Iterable[int]) -> list[NotJudged]:
+    """Per stage, in flow order: the fields none of these devices' records carried, and on
+    how many of the devices (stages judged on every device are left out)."""
+    masks = list(masks)
+    out = []
+    for stage in STAGES:
+        blind = sum(not judged(stage, m) for m in masks)
+        if blind:
+            missing = [name for name, _ in STAGE_FIELDS[stage]]
+            out.append(NotJudged(stage=stage, devices=blind, missing=missing))
+    return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Literal
@@ -19,6 +19,7 @@ import numpy as np
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
+from monitor.core.coverage import not_judged
 from monitor.indicators import (
     COMM_LAYERS,
     COMPLEMENT,
@@ -36,6 +37,7 @@ from monitor.wire import (
     Alert,
     AlertScope,
     Evidence,
+    NotJudged,
     ScopeLevel,
     Severity,
     Stage,
@@ -104,6 +106,9 @@ class AlertLifecycle:
         self.states: dict[str, AlertState] = {}  # by alert id, for paged incidents
         # Known devices per host, as of the last `due`: what makes a host's devices a host.
         self.host_sizes: Mapping[str | None, int] = {}
+        # The field mask of a point's device (`coverage`; None: not known here), set by the
+        # pipeline, which holds the stream tables: what an alert says it could not judge.
+        self.fields_of: Callable[[ChangePoint], int | None] | None = None
 
     def state(self, inc: Incident) -> AlertState:
         """The alert state of a paged incident (created at its first page)."""
@@ -420,7 +425,18 @@ class AlertLifecycle:
             suggestion=suggestion,
             summary=summary(inc, level, what, delta_pct, suggestion, bottleneck, load),
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
+            not_judged=self._not_judged(inc),
         )
+
+    def _not_judged(self, inc: Incident) -> list[NotJudged]:
+        """The stages the incident's devices could not show failing, for lack of fields."""
+        if self.fields_of is None:
+            return []
+        first: dict[str, ChangePoint] = {}
+        for p in inc.points:
+            first.setdefault(p.device, p)
+        masks = (self.fields_of(p) for p in first.values())
+        return not_judged(m for m in masks if m is not None)
 
 
 def tolerance(metric: str, s: AlertSettings) -> float:

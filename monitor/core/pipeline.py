@@ -107,6 +107,7 @@ class Pipeline:
         self.correlator.new_cause = self.advisor.new_cause
         # Runs on whichever member the change-point partition is assigned to (idle elsewhere).
         self.fleet = FleetStage(settings, self.advisor) if fleet_stage else None
+        self.lifecycle.fields_of = self._fields_of
         # Restored incidents whose pages the next batch sends again (`lifecycle.restate`).
         self._to_restate: list[Incident] = []
         self.handed_over: list[str] = []  # alert ids of incidents given up in a rebalance
@@ -446,6 +447,11 @@ class Pipeline:
         self.correlator.drop_resolved(now, keep_s=4 * self.settings.alerts.group_window_s)
         self.lifecycle.keep({i.alert_id for i in self.correlator.incidents if i.alert_id})
         self.advisor.prune(now)
+
+    def _fields_of(self, p: ChangePoint) -> int | None:
+        """The field mask of a point's device in its partition's table (`coverage`)."""
+        st = self.partitions.get(p.partition)
+        return None if st is None else st.table.fields_of(p.device)
 
     def _hold_load_models(self, alerts: list[Alert]) -> None:
         """Freeze the load models of groups with a paged incident; thaw them on resolve.

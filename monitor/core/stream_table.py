@@ -15,14 +15,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from operator import attrgetter
+from operator import attrgetter, is_not
 from typing import Protocol
 
 import msgspec
 import numpy as np
 
 from monitor.arrays import F64, I64, Bools
-from monitor.core.coverage import COARSE_LAYER
+from monitor.core.coverage import COARSE_LAYER, record_masks
 from monitor.hardware import Catalog
 from monitor.indicators import (
     DEVICE_METRICS,
@@ -150,6 +150,15 @@ def _fit(arr: F64, n: int) -> F64:
     return out
 
 
+def _fit_mask(arr: I64, n: int) -> I64:
+    """`arr` with room for `n` masks (doubling; new entries 0 = no field known)."""
+    if n <= arr.size:
+        return arr
+    out = np.zeros(max(n, 2 * arr.size, 64), dtype=np.int64)
+    out[: arr.size] = arr
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _Columns:
     """One batch's raw columns before they become matrices (`StreamTable._collect`): per
@@ -170,6 +179,7 @@ class _Columns:
     draw: F64  # (m, len(DEVICE_METRICS) - 1)
     dgroup: I64
     dload: F64  # (m, 2): batch, req_rate
+    lkernel: Bools  # whether each layer entry named a kernel (`coverage`)
 
 
 # Attribute getters run by `map` in C: one call per field over a whole batch, no Python
@@ -271,6 +281,8 @@ class StreamTable:
     layer_seen: F64 = field(default_factory=lambda: np.empty(0))
     group_seen: F64 = field(default_factory=lambda: np.empty(0))
     layer_device: F64 = field(default_factory=lambda: np.empty(0))
+    # Per device row: the fields its newest window record carried (`coverage`); -1 unknown.
+    device_fields: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # Rows (device, layer, group) evicted since the last `take_evicted`.
     _evicted_rows: tuple[list[int], list[int], list[int]] = field(
         default_factory=lambda: ([], [], [])
@@ -486,6 +498,7 @@ class StreamTable:
             self.device_names[row] = None
             self.unknown_hw.pop(name, None)
         self.device_seen[rows] = np.nan
+        self.device_fields[[r for r in rows if r < self.device_fields.size]] = 0
         self.free_device_rows.extend(rows)
         n = len(self.layer_keys)
         layer_rows: list[int] = np.flatnonzero(np.isin(self.layer_device[:n], rows)).tolist()
@@ -550,6 +563,7 @@ class StreamTable:
         slo = np.array([_SLO(_NO_SLO if r.slo is None else r.slo) for r in recs],
                        dtype=np.float64).reshape(m, len(_SLO_FIELDS))  # fmt: skip
         dpeak = np.fromiter(map(_PEAK, devs), dtype=np.float64, count=m)
+        kernels = list(map(_KERNEL, flat))
         return _Columns(
             lrows=lrows,
             lts=dts[lrec],
@@ -557,7 +571,7 @@ class StreamTable:
             lpeak=dpeak[lrec],
             lgroup=lgroup,
             lrec=lrec,
-            kchanges=self._kernel_changes(lrows, list(map(_KERNEL, flat)), dts[lrec]),
+            kchanges=self._kernel_changes(lrows, kernels, dts[lrec]),
             drows=drows,
             dts=dts,
             dwin=np.fromiter(map(_WINDOW_S, recs), dtype=np.float64, count=m),
@@ -566,6 +580,7 @@ class StreamTable:
             draw=np.concatenate([stats, ingress, slo], axis=1),
             dgroup=dgroup,
             dload=ingress[:, [_BATCH, _REQ_RATE]],
+            lkernel=np.fromiter(map(is_not, kernels, repeat(None)), dtype=bool, count=n),
         )
 
     def _layer_rows(self, dev_rows: I64, types: list[str]) -> I64:
@@ -676,6 +691,7 @@ class StreamTable:
         np.maximum.at(self.device_seen, device_rows, device_ts)
         np.maximum.at(self.group_seen, layer_group, layer_ts)
         np.maximum.at(self.group_seen, device_group, device_ts)
+        self._note_fields(c, raw, dvals[:, 1:], layer_group, device_rows)
         pl_rows, pl_ts, pl_raw, pl_peak = group_sums(layer_group, layer_ts, raw, peak)
         pd_rows, pd_ts, pd_vals = group_means(device_group, device_ts, dvals)
         _, _, pl_load = group_means(layer_group, layer_ts, layer_load)
@@ -701,6 +717,36 @@ class StreamTable:
             pool_layer_load=pl_load,
             pool_device_load=pd_load,
         )
+
+    def _note_fields(
+        self, c: _Columns, raw: F64, device_raw: F64, layer_group: I64, device_rows: I64
+    ) -> None:
+        """Each device's field mask from its newest record in the batch (`coverage`)."""
+        if not device_rows.size:
+            return
+        typed = np.ones(layer_group.size, dtype=bool)
+        for gid in np.unique(layer_group).tolist():
+            if self.group_key(gid)[2] == COARSE_LAYER:
+                typed[layer_group == gid] = False
+        masks = record_masks(
+            raw,
+            typed,
+            np.flatnonzero(c.lkernel),
+            c.lrec,
+            device_raw,
+        )
+        # Records are in event-time order: each device's last one is its newest.
+        _, last_rev = np.unique(device_rows[::-1], return_index=True)
+        last = device_rows.size - 1 - last_rev
+        self.device_fields = _fit_mask(self.device_fields, int(device_rows.max()) + 1)
+        self.device_fields[device_rows[last]] = masks[last]
+
+    def fields_of(self, device: str) -> int | None:
+        """The field mask of a device's newest record (`coverage`); None if not tracked."""
+        dev = self.devices.get(device)
+        if dev is None or dev.row >= self.device_fields.size or self.device_fields[dev.row] < 0:
+            return None
+        return int(self.device_fields[dev.row])
 
     # -- expiry ------------------------------------------------------------------------
     def expire(self, now_ts: float) -> Released:
@@ -730,6 +776,9 @@ class StreamTable:
                 self.free_groups,
                 self.layer_seen[: len(self.layer_keys)].tobytes(),
                 self.group_seen[: len(self.group_keys)].tobytes(),
+                _fit_mask(self.device_fields, len(self.device_names))[
+                    : len(self.device_names)
+                ].tobytes(),
             )
         )
 
@@ -778,6 +827,11 @@ class StreamTable:
         elif t.layer_index:  # written before per-row times were kept: each stream's device's
             live = np.array(list(t.layer_index.values()), dtype=np.int64)
             t.layer_seen[live] = t.device_seen[t.layer_device[live].astype(np.int64)]
+        t.device_fields = _fit_mask(t.device_fields, len(t.device_names))
+        if s.device_fields:
+            t.device_fields[: len(t.device_names)] = np.frombuffer(s.device_fields, np.int64)
+        else:  # an older checkpoint: unknown (-1) until each device's next record
+            t.device_fields[: len(t.device_names)] = -1
         if s.group_seen:
             t.group_seen[: len(t.group_keys)] = np.frombuffer(s.group_seen, dtype=np.float64)
         elif t.groups:  # ... and every group lives until its partition's newest window has expired
@@ -935,6 +989,7 @@ class _TableState(msgspec.Struct, array_like=True):
     free_groups: list[int] = []
     layer_seen: bytes = b""  # float64 per layer row
     group_seen: bytes = b""  # float64 per group
+    device_fields: bytes = b""  # int64 field mask per device row (`coverage`); empty in older
 
 
 _table_encoder = msgspec.msgpack.Encoder()

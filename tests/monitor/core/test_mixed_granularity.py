@@ -1,7 +1,8 @@
 """Mixed granularity in one pool: per-layer devices (a profiler) beside devices that send
 only the whole-device layer `all` (a dcgm-exporter sidecar), issue 22 item 4.
 
-Each device is judged on what it sends, and the two kinds never share a pool aggregate.
+Each device is judged on what it sends; the two kinds never share a pool aggregate; and
+an alert names the stages its devices could not show failing, with the missing fields.
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import numpy as np
 from factories import PEAK, T0, msg, window
 
 from monitor.config import Settings
+from monitor.core import stream_table as st_mod
+from monitor.core.coverage import judged, not_judged
 from monitor.core.pipeline import Pipeline
 from monitor.core.stream_table import COARSE_DEVICE_GROUP, StreamTable
 from monitor.core.types import RawMessage
@@ -97,6 +101,60 @@ def _recs(*dicts: dict[str, Any]):
     return [c.decode_window(json.dumps(d).encode()) for d in dicts]
 
 
+# -- what each kind of device lets the monitor judge ------------------------------------------
+def test_each_device_carries_the_fields_of_its_newest_record() -> None:
+    """A profiler's device judges lowering, not scheduling (no SRAM, spills or bytes) nor
+    ingress and validation (no queue, no SLO); a dcgm device judges execution only."""
+    table = StreamTable(Catalog())
+    layered = window("a/0", T0)
+    coarse = coarse_window("b/0", T0)
+    full = window("c/0", T0, ingress={"queue_wait_ms": 3.0}, slo={"lat_p99_ms": 80.0})
+    full["layers"][0].update(sram_hit=0.8)
+    table.build(_recs(layered, coarse, full))
+    masks = {d: table.fields_of(d) for d in ("a/0", "b/0", "c/0")}
+    assert all(m is not None for m in masks.values())
+    stages = ("ingress", "lowering", "scheduling", "execution", "validation")
+    seen = {d: [s for s in stages if judged(s, m or 0)] for d, m in masks.items()}
+    assert seen == {
+        "a/0": ["lowering", "execution"],
+        "b/0": ["execution"],
+        "c/0": ["ingress", "lowering", "scheduling", "execution", "validation"],
+    }
+    # The dcgm device has FLOPs and HBM bytes, but on `all`: no per-layer intensity.
+    assert table.fields_of("nobody") is None
+    # The newest record wins: the same device now sends only `all`.
+    table.build(_recs(coarse_window("a/0", T0 + 10)))
+    assert not judged("lowering", table.fields_of("a/0") or 0)
+
+
+def test_not_judged_counts_the_devices_that_lacked_every_field_of_a_stage() -> None:
+    table = StreamTable(Catalog())
+    table.build(_recs(window("a/0", T0), coarse_window("b/0", T0), coarse_window("b/1", T0)))
+    masks = [table.fields_of(d) or 0 for d in ("a/0", "b/0", "b/1")]
+    by_stage = {e.stage: e for e in not_judged(masks)}
+    assert list(by_stage) == ["ingress", "lowering", "scheduling", "validation"]
+    assert by_stage["lowering"].devices == 2  # the profiler's device saw kernels
+    assert by_stage["lowering"].missing == ["layers[].kernel", "layers[].fallback_frac"]
+    assert by_stage["scheduling"].devices == 3
+    assert "layers[].flops+bytes_hbm per layer type" in by_stage["scheduling"].missing
+    assert by_stage["ingress"].devices == 3
+
+
+def test_field_masks_survive_a_checkpoint_and_older_ones_read_as_unknown() -> None:
+    table = StreamTable(Catalog())
+    table.build(_recs(window("a/0", T0), coarse_window("b/0", T0)))
+    back = StreamTable.restore(table.snapshot(), Catalog())
+    assert back.fields_of("a/0") == table.fields_of("a/0")
+    assert back.fields_of("b/0") == table.fields_of("b/0")
+    # A checkpoint written before masks were kept: unknown, never "no fields".
+    state = msgspec.msgpack.decode(table.snapshot(), type=st_mod._TableState)
+    old = msgspec.structs.replace(state, device_fields=b"")
+    older = StreamTable.restore(msgspec.msgpack.encode(old), Catalog())
+    assert older.fields_of("a/0") is None
+    older.build(_recs(window("a/0", T0 + 10)))
+    assert older.fields_of("a/0") == table.fields_of("a/0")
+
+
 # -- pool aggregates: the two kinds never mix ---------------------------------------------------
 def test_all_only_devices_have_their_own_device_level_pool_aggregate() -> None:
     """Per-layer device MFU (counted FLOPs) and a dcgm estimate are two families: the
@@ -130,7 +188,8 @@ def test_a_dcgm_sidecar_joining_the_pool_moves_no_pool_aggregate() -> None:
 # -- incidents ------------------------------------------------------------------------------
 def test_a_kernel_regression_across_the_mixed_pool_is_attributed_to_lowering() -> None:
     """The per-layer devices show the kernel swap and the fallback; the `all`-only devices
-    only an MFU drop. One page, lowering first, the kernel_lib change to roll back."""
+    only an MFU drop. One page, lowering first, the kernel_lib change to roll back; where
+    `all`-only devices are among its devices, lowering is named as not judged on those."""
     _, alerts = _run(mixed_pool(90, regress_at=50, change_at=49))
     firing = [a for a in alerts if a.status == "firing"]
     assert firing
@@ -141,13 +200,18 @@ def test_a_kernel_regression_across_the_mixed_pool_is_attributed_to_lowering() -
     assert last.bottleneck == "kernel_selection"
     assert last.suggestion.change_id == "chg-1"
     assert last.layers[0] == "attention"
-    assert {d for d in last.scope.devices if d in COARSE}  # the dcgm devices moved too
+    coarse = [d for d in last.scope.devices if d in COARSE]
+    stages = {e.stage: e for e in last.not_judged}
+    assert "lowering" in stages
+    assert stages["lowering"].devices == len(coarse) < last.scope.device_count
 
 
-def test_a_regression_seen_only_on_all_only_devices_pages_as_execution() -> None:
+def test_a_regression_seen_only_on_all_only_devices_pages_naming_what_it_could_not_judge() -> None:
     """The dcgm devices lose 25 % MFU, the per-layer devices nothing: it pages on the
-    dcgm devices, attributed to execution: their arithmetic intensity on `all` fell with
-    the FLOPs, but a whole-device ratio is no scheduling evidence."""
+    dcgm devices, attributed to execution (their arithmetic intensity on `all` fell with
+    the FLOPs, but a whole-device ratio is no scheduling evidence), and names lowering and
+    scheduling as not judged on every one of its devices, with the fields that were
+    missing."""
     _, alerts = _run(mixed_pool(90, regress_at=50, regress="coarse"))
     firing = [a for a in alerts if a.status == "firing"]
     assert firing
@@ -158,10 +222,23 @@ def test_a_regression_seen_only_on_all_only_devices_pages_as_execution() -> None
     assert last.first_failing_stage == "execution"
     assert last.bottleneck == "unclassified"
     assert last.suggestion.action == "investigate"
+    stages = {e.stage: e for e in last.not_judged}
+    assert {"lowering", "scheduling"} <= set(stages)
+    for s in ("lowering", "scheduling"):
+        assert stages[s].devices == last.scope.device_count
+    assert "layers[].kernel" in stages["lowering"].missing
+    assert "layers[].sram_hit" in stages["scheduling"].missing
+    assert "execution" not in stages
+    # On the wire, and back: the record carries it, and decodes with it.
+    codec = Codec()
+    wire = codec.encode(last)
+    assert b'"not_judged":[' in wire
+    assert codec.decode_alert(wire).not_judged == last.not_judged
 
 
-def test_a_regression_only_on_the_per_layer_devices_is_lowering() -> None:
-    """Only the per-layer devices regress: attributed as on a pool of them alone."""
+def test_a_regression_only_on_the_per_layer_devices_names_no_unjudged_kernel_stage() -> None:
+    """Only the per-layer devices regress: lowering is judged on every device of the
+    incident, whatever the `all`-only devices of the pool cannot see."""
     _, alerts = _run(mixed_pool(90, regress_at=50, regress="layered", change_at=49))
     firing = [a for a in alerts if a.status == "firing"]
     assert firing
@@ -169,3 +246,6 @@ def test_a_regression_only_on_the_per_layer_devices_is_lowering() -> None:
     assert set(last.scope.devices) <= set(LAYERED)
     assert last.first_failing_stage == "lowering"
     assert last.suggestion.change_id == "chg-1"
+    assert "lowering" not in {e.stage for e in last.not_judged}
+    # The factory's per-layer records carry no HBM bytes, SRAM hits, queue or SLO.
+    assert [e.stage for e in last.not_judged] == ["ingress", "scheduling", "validation"]
