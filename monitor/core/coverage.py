@@ -138,3 +138,15 @@ def not_judged(masks: Iterable[int]) -> list[NotJudged]:
             missing = [name for name, _ in STAGE_FIELDS[stage]]
             out.append(NotJudged(stage=stage, devices=blind, missing=missing))
     return out
+
+
+def where(item: NotJudged, device_count: int) -> str:
+    """'' when a stage went unjudged on every device of an alert, else ' on N of M devices'."""
+    return "" if item.devices >= device_count else f" on {item.devices} of {device_count} devices"
+
+
+def describe(items: Iterable[NotJudged], device_count: int) -> str:
+    """One line for people: each stage not judged, where, and the fields that were missing."""
+    return "; ".join(
+        f"{i.stage}{where(i, device_count)} (no {', '.join(i.missing)})" for i in items
+    )

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from monitor.core.coverage import where
 from monitor.report.series import Series
 from monitor.report.svg import (
     SEVERITY_COLOUR,
@@ -132,16 +133,28 @@ def _legend(v: IncidentView) -> str:
 
 def _evidence(a: Alert) -> str:
     rows = []
+    blind = {i.stage: i for i in a.not_judged}
     for stage in STAGES:
         found = [e for e in a.evidence if e.stage == stage]
         first = stage == a.first_failing_stage
         mark = " <b>&larr; first failing</b>" if first else ""
+        nj = blind.get(stage)
+        # A stage its devices could not show failing: say so, and which fields were missing.
+        unseen = (
+            f"not judged{where(nj, a.scope.device_count)}: no {escape(', '.join(nj.missing))}"
+            if nj
+            else ""
+        )
         if not found:
+            partly = nj is None or where(nj, a.scope.device_count)
+            text = unseen if not partly else "; ".join(t for t in ("no change found", unseen) if t)
             rows.append(
                 f'<tr class="{"first" if first else "quiet"}"><td>{stage}{mark}</td>'
-                '<td colspan="4">no change found</td></tr>'
+                f'<td colspan="4">{text}</td></tr>'
             )
             continue
+        if unseen:
+            rows.append(f'<tr class="quiet"><td></td><td colspan="4">{unseen}</td></tr>')
         for i, e in enumerate(sorted(found, key=lambda e: e.onset_ts)):
             name = escape(e.indicator + (f" @ {e.layer}" if e.layer else ""))
             delta = (e.after - e.before) / abs(e.before) * 100 if e.before else math.nan

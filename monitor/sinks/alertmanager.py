@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from monitor.config import AlertmanagerSettings, mask_url
+from monitor.core.coverage import describe
 from monitor.log import get_logger
 from monitor.sinks.http import Http
 from monitor.sinks.queue import Deliver, DeliveryQueue, Item
@@ -81,6 +82,9 @@ def to_postable(
         },
         "startsAt": _rfc3339(a.onset_ts),
     }
+    if a.not_judged:
+        # Stages its devices could not show failing, for lack of fields (`Alert.not_judged`).
+        body["annotations"]["not_judged"] = describe(a.not_judged, a.scope.device_count)[:1024]
     if ends_at is not None:
         body["endsAt"] = _rfc3339(ends_at)
     if external_url:

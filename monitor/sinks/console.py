@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from monitor.core.coverage import where
 from monitor.wire import Alert
 
 
@@ -14,9 +15,14 @@ def alert_text(a: Alert, link_base: str | None = None) -> str:
     s = a.suggestion
     step = f"rollback {s.change_id} ({s.kind} {s.from_}->{s.to})" if s.change_id else s.action
     link = f" | {link_base.rstrip('/')}/alerts/{a.id}" if link_base else ""
+    n = a.scope.device_count
+    blind = ", ".join(
+        i.stage + (f" ({i.devices}/{n} devices)" if where(i, n) else "") for i in a.not_judged
+    )
     return (
         f"[{a.status.upper():8}] {a.severity:6} {a.id} {a.summary} | first failing stage: "
-        f"{a.first_failing_stage} ({a.bottleneck}) | next: {step} | {a.runbook}{link}"
+        f"{a.first_failing_stage} ({a.bottleneck}){' | not judged: ' + blind if blind else ''}"
+        f" | next: {step} | {a.runbook}{link}"
     )
 
 

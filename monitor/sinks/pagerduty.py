@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 from monitor.config import PagerDutySettings, mask_url
+from monitor.core.coverage import describe
 from monitor.errors import SinkError
 from monitor.sinks.http import Http
 from monitor.sinks.keyed import KeyedHttpSink
@@ -68,6 +69,8 @@ def _details(a: Alert, evidence: int | None, devices: bool) -> dict[str, Any]:
             for e in shown
         ],
     }
+    if a.not_judged:  # stages its devices could not show failing, for lack of fields
+        details["not_judged"] = describe(a.not_judged, a.scope.device_count)
     if len(shown) < len(a.evidence):
         details["evidence_truncated"] = len(a.evidence) - len(shown)
     return details

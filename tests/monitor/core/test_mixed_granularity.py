@@ -22,6 +22,10 @@ from monitor.core.stream_table import COARSE_DEVICE_GROUP, StreamTable
 from monitor.core.types import RawMessage
 from monitor.hardware import Catalog
 from monitor.indicators import DEVICE_METRICS
+from monitor.report.render import incident_section, incident_views
+from monitor.sinks.alertmanager import to_postable
+from monitor.sinks.console import alert_text
+from monitor.sinks.pagerduty import _details
 from monitor.wire import Alert, Codec
 
 # Each host runs one exporter: a profiler on node-000 and node-002, a dcgm-exporter sidecar
@@ -249,3 +253,31 @@ def test_a_regression_only_on_the_per_layer_devices_names_no_unjudged_kernel_sta
     assert "lowering" not in {e.stage for e in last.not_judged}
     # The factory's per-layer records carry no HBM bytes, SRAM hits, queue or SLO.
     assert [e.stage for e in last.not_judged] == ["ingress", "scheduling", "validation"]
+
+
+def test_on_call_reads_what_was_not_judged_in_alertmanager_pagerduty_console_and_report() -> None:
+    _, alerts = _run(mixed_pool(90, regress_at=50, change_at=49))
+    last = [a for a in alerts if a.status == "firing"][-1]
+    n = last.scope.device_count
+    coarse = sum(d in COARSE for d in last.scope.devices)
+    note = to_postable(last)["annotations"]["not_judged"]
+    assert f"lowering on {coarse} of {n} devices (no layers[].kernel, layers[].fallback_frac)" in (
+        note
+    )
+    assert note.startswith("ingress (no ingress.req_rate")  # every device: no "on N of M"
+    assert _details(last, None, devices=False)["not_judged"] == note
+    line = alert_text(last)
+    assert f"| not judged: ingress, lowering ({coarse}/{n} devices), scheduling, validation |" in (
+        line
+    )
+    html = incident_section(incident_views([last])[0])
+    assert (
+        f"no change found; not judged on {coarse} of {n} devices: no layers[].kernel" not in html
+    )  # lowering has evidence: the note is a row of its own
+    assert f'<td colspan="4">not judged on {coarse} of {n} devices: no layers[].kernel' in html
+    assert '<td colspan="4">not judged: no ingress.req_rate' in html
+    # A record where every stage was judged shows none of it.
+    full = msgspec.structs.replace(last, not_judged=[])
+    assert "not_judged" not in to_postable(full)["annotations"]
+    assert "not judged" not in alert_text(full)
+    assert "not judged" not in incident_section(incident_views([full])[0])
