@@ -34,8 +34,10 @@ _FIELDS: tuple[str, ...] = (
 BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(_FIELDS)}
 # Weights that turn an isfinite matrix into masks (column order of LAYER_INPUTS / the
 # device matrix less device MFU).
-LAYER_BITS = np.array([BIT[f"layers[].{n}"] for n in LAYER_INPUTS], dtype=np.int64)
-DEVICE_BITS = np.array([BIT[n] for n in DEVICE_METRICS[1:]], dtype=np.int64)
+# Sums of distinct powers of two are ORs; float64 holds them exactly (below 2**53), and a
+# float matmul is BLAS where an integer one is a plain loop.
+LAYER_BITS = np.array([BIT[f"layers[].{n}"] for n in LAYER_INPUTS], dtype=np.float64)
+DEVICE_BITS = np.array([BIT[n] for n in DEVICE_METRICS[1:]], dtype=np.float64)
 KERNEL_BIT = BIT["layers[].kernel"]
 TYPED_INTENSITY_BIT = BIT["typed_intensity"]
 _FLOPS = LAYER_INPUTS.index("flops")
@@ -111,13 +113,15 @@ def record_masks(
     the positions of layers with a kernel name, `layer_record` each layer's record index;
     `device_raw` (m, len(DEVICE_METRICS) - 1) per record.
     """
-    out = (np.isfinite(device_raw).astype(np.int64) @ DEVICE_BITS).astype(np.int64)
+    out = (np.isfinite(device_raw) @ DEVICE_BITS).astype(np.int64)
     if layer_raw.shape[0]:
         ok = np.isfinite(layer_raw)
-        bits = ok.astype(np.int64) @ LAYER_BITS
+        bits = (ok @ LAYER_BITS).astype(np.int64)
         bits[layer_kernel] |= KERNEL_BIT
         bits[ok[:, _FLOPS] & ok[:, _BYTES] & layer_typed] |= TYPED_INTENSITY_BIT
-        np.bitwise_or.at(out, layer_record, bits)
+        # Each record's layers are contiguous: OR them per run, not one `ufunc.at` per layer.
+        starts = np.flatnonzero(np.r_[True, layer_record[1:] != layer_record[:-1]])
+        out[layer_record[starts]] |= np.bitwise_or.reduceat(bits, starts)
     return out
 
 

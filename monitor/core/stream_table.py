@@ -724,10 +724,9 @@ class StreamTable:
         """Each device's field mask from its newest record in the batch (`coverage`)."""
         if not device_rows.size:
             return
-        typed = np.ones(layer_group.size, dtype=bool)
-        for gid in np.unique(layer_group).tolist():
-            if self.group_key(gid)[2] == COARSE_LAYER:
-                typed[layer_group == gid] = False
+        used = np.unique(layer_group).tolist()
+        coarse = [g for g in used if self.group_key(g)[2] == COARSE_LAYER]
+        typed = ~np.isin(layer_group, coarse) if coarse else np.ones(layer_group.size, bool)
         masks = record_masks(
             raw,
             typed,

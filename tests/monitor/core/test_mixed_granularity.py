@@ -16,7 +16,7 @@ from factories import PEAK, T0, msg, window
 
 from monitor.config import Settings
 from monitor.core import stream_table as st_mod
-from monitor.core.coverage import judged, not_judged
+from monitor.core.coverage import BIT, judged, not_judged, record_masks
 from monitor.core.pipeline import Pipeline
 from monitor.core.stream_table import COARSE_DEVICE_GROUP, StreamTable
 from monitor.core.types import RawMessage
@@ -129,6 +129,27 @@ def test_each_device_carries_the_fields_of_its_newest_record() -> None:
     # The newest record wins: the same device now sends only `all`.
     table.build(_recs(coarse_window("a/0", T0 + 10)))
     assert not judged("lowering", table.fields_of("a/0") or 0)
+
+
+def test_record_masks_or_each_records_own_layers_only() -> None:
+    """A batch's masks, vectorised: a record with no layers keeps its device fields alone;
+    FLOPs and HBM bytes make arithmetic intensity only on a typed layer."""
+    nan = np.nan
+    raw = np.array([
+        [1.0, 1.0, nan, nan, nan, 5.0, nan, nan, nan, nan],  # rec 0 attention: flops, bytes
+        [nan, 1.0, nan, nan, nan, nan, nan, nan, nan, 0.0],  # rec 0 mlp: fallback_frac
+        [1.0, 1.0, nan, nan, 0.5, 5.0, nan, nan, nan, nan],  # rec 2 all: flops, bytes
+    ])  # fmt: skip
+    device = np.full((3, len(DEVICE_METRICS) - 1), nan)
+    device[1, 0] = 1755.0  # rec 1: a clock, no layers
+    masks = record_masks(raw, np.array([True, True, False]), np.array([0]),
+                         np.array([0, 0, 2]), device).tolist()  # fmt: skip
+    assert [judged("lowering", m) for m in masks] == [True, False, False]
+    assert [judged("scheduling", m) for m in masks] == [True, False, False]
+    assert [judged("execution", m) for m in masks] == [True, True, True]
+    assert masks[1] == BIT["clock_mhz"]
+    assert masks[0] & BIT["layers[].kernel"]
+    assert not masks[2] & BIT["layers[].kernel"]
 
 
 def test_not_judged_counts_the_devices_that_lacked_every_field_of_a_stage() -> None:
