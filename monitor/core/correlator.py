@@ -63,6 +63,9 @@ class ChangePoint:
     partition: int = 0
     norm_before: float = math.nan  # levels as the detector saw them (load-normalised)
     norm_after: float = math.nan
+    # The fields its device's newest record carried when it was found (`core.coverage`;
+    # -1: not known, as on pool aggregates): what the alert says it could not judge.
+    fields: int = -1
 
     @property
     def is_aggregate(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Literal
@@ -106,9 +106,6 @@ class AlertLifecycle:
         self.states: dict[str, AlertState] = {}  # by alert id, for paged incidents
         # Known devices per host, as of the last `due`: what makes a host's devices a host.
         self.host_sizes: Mapping[str | None, int] = {}
-        # The field mask of a point's device (`coverage`; None: not known here), set by the
-        # pipeline, which holds the stream tables: what an alert says it could not judge.
-        self.fields_of: Callable[[ChangePoint], int | None] | None = None
 
     def state(self, inc: Incident) -> AlertState:
         """The alert state of a paged incident (created at its first page)."""
@@ -428,15 +425,18 @@ class AlertLifecycle:
             not_judged=self._not_judged(inc),
         )
 
-    def _not_judged(self, inc: Incident) -> list[NotJudged]:
-        """The stages the incident's devices could not show failing, for lack of fields."""
-        if self.fields_of is None:
-            return []
-        first: dict[str, ChangePoint] = {}
+    @staticmethod
+    def _not_judged(inc: Incident) -> list[NotJudged]:
+        """The stages the incident's devices could not show failing, for lack of fields:
+        each device as its newest point found it (the points carry their device's mask, so
+        the fleet stage, which holds no stream table, says the same)."""
+        newest: dict[str, ChangePoint] = {}
         for p in inc.points:
-            first.setdefault(p.device, p)
-        masks = (self.fields_of(p) for p in first.values())
-        return not_judged(m for m in masks if m is not None)
+            if p.fields >= 0 and (
+                p.device not in newest or p.detected_ts >= newest[p.device].detected_ts
+            ):
+                newest[p.device] = p
+        return not_judged(p.fields for p in newest.values())
 
 
 def tolerance(metric: str, s: AlertSettings) -> float:

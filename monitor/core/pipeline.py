@@ -107,7 +107,6 @@ class Pipeline:
         self.correlator.new_cause = self.advisor.new_cause
         # Runs on whichever member the change-point partition is assigned to (idle elsewhere).
         self.fleet = FleetStage(settings, self.advisor) if fleet_stage else None
-        self.lifecycle.fields_of = self._fields_of
         # Restored incidents whose pages the next batch sends again (`lifecycle.restate`).
         self._to_restate: list[Incident] = []
         self.handed_over: list[str] = []  # alert ids of incidents given up in a rebalance
@@ -448,11 +447,6 @@ class Pipeline:
         self.lifecycle.keep({i.alert_id for i in self.correlator.incidents if i.alert_id})
         self.advisor.prune(now)
 
-    def _fields_of(self, p: ChangePoint) -> int | None:
-        """The field mask of a point's device in its partition's table (`coverage`)."""
-        st = self.partitions.get(p.partition)
-        return None if st is None else st.table.fields_of(p.device)
-
     def _hold_load_models(self, alerts: list[Alert]) -> None:
         """Freeze the load models of groups with a paged incident; thaw them on resolve.
 
@@ -686,6 +680,7 @@ class Pipeline:
                     None if group_layer in DEVICE_GROUPS else group_layer,
                     window_s,
                 )
+                fields = -1
             else:
                 if kind.columns == LAYER_METRICS:
                     device, layer = table.device_of_layer_row(row)
@@ -696,6 +691,8 @@ class Pipeline:
                     device, layer = maybe, None
                 dev = table.devices[device]
                 pool, model, host, win = dev.pool, dev.model, dev.host, dev.window_s
+                known = table.fields_of(device)
+                fields = -1 if known is None else known
             out.append(ChangePoint(
                 device=device, host=host, pool=pool, model=model, layer=layer, metric=metric,
                 stage=stage_of(metric, layer, STAGE_OF[metric]), onset_ts=float(det.onset_ts[i]),
@@ -703,6 +700,7 @@ class Pipeline:
                 after=float(det.after[i]), score=float(np.round(det.score[i], 6)),
                 window_s=win, row=row, partition=partition,
                 norm_before=float(norm.before[i]), norm_after=float(norm.after[i]),
+                fields=fields,
             ))  # fmt: skip
         return out
 
