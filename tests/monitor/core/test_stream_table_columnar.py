@@ -18,7 +18,7 @@ from factories import T0
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.core.stream_table import StreamTable, _Columns, _Device
+from monitor.core.stream_table import COARSE_DEVICE_GROUP, StreamTable, _Columns, _Device
 from monitor.hardware import Catalog
 from monitor.indicators import LAYER_INPUTS
 from monitor.wire import DeviceStats, Ingress, Layer, Slo, WindowRecord
@@ -42,7 +42,7 @@ class WalkTable(StreamTable):
     def _collect(  # noqa: C901 - the walk as it was
         self, accepted: list[tuple[WindowRecord, _Device]]
     ) -> _Columns:
-        lrows, lts, lraw, lpeak, lgroup, lrec = [], [], [], [], [], []
+        lrows, lts, lraw, lpeak, lgroup, lrec, lkernel = [], [], [], [], [], [], []
         kchanges: list[tuple[int, float, str | None, str]] = []
         drows, dts, dwin, dpeak, dflops, draw, dgroup, dload = [], [], [], [], [], [], [], []
         for rec, dev in accepted:
@@ -57,6 +57,7 @@ class WalkTable(StreamTable):
                 if layer.flops is not None and layer.type != "all":
                     flops_sum += layer.flops
                     any_flops = True
+                lkernel.append(layer.kernel is not None)
                 if layer.kernel is not None:
                     old = self.last_kernel[row]
                     if old != layer.kernel:
@@ -70,7 +71,8 @@ class WalkTable(StreamTable):
                 alls = [la.flops for la in rec.layers if la.type == "all" and la.flops is not None]
                 flops_sum, any_flops = (alls[0], True) if alls else (0.0, False)
             ing, stt, slo = rec.ingress, rec.device_stats, rec.slo
-            dgroup.append(self._group_id(dev, ""))
+            coarse = bool(rec.layers) and all(la.type == "all" for la in rec.layers)
+            dgroup.append(self._group_id(dev, COARSE_DEVICE_GROUP if coarse else ""))
             dload.append((ing.batch, ing.req_rate) if ing else (None, None))
             drows.append(dev.row)
             dts.append(rec.ts)
@@ -98,7 +100,7 @@ class WalkTable(StreamTable):
             lpeak=floats(lpeak), lgroup=ints(lgroup), lrec=ints(lrec), kchanges=kchanges,
             drows=ints(drows), dts=floats(dts), dwin=floats(dwin), dpeak=floats(dpeak),
             dflops=floats(dflops), draw=floats(draw, 11), dgroup=ints(dgroup),
-            dload=floats(dload, 2),
+            dload=floats(dload, 2), lkernel=np.array(lkernel, dtype=bool),
         )  # fmt: skip
 
 
