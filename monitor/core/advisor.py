@@ -168,7 +168,12 @@ class Advisor:
         return False
 
     def suggest(
-        self, inc: Incident, stage: Stage, bottleneck: str, guardrail: str, level: str = "pool",
+        self,
+        inc: Incident,
+        stage: Stage,
+        bottleneck: str,
+        guardrail: str,
+        level: str = "pool",
         since: float | None = None,
     ) -> Suggestion:
         """A rollback when a fitting change exists, else the next bounded step (a hypothesis)."""

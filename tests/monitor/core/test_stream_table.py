@@ -53,12 +53,14 @@ def test_groups_split_by_pool_model_layer_and_hardware() -> None:
     assert table.group_keys[frame.layer_group[0]] == ("p1", "m@1", "attention", "h100-sxm")
     assert table.group_keys[frame.device_group[3]] == ("p1", "m@1", "", "a100-sxm")
     assert sorted(table.gids_of("p1", "m@1", "attention")) == sorted(
-        frame.layer_group[[0, 6]].tolist())
+        frame.layer_group[[0, 6]].tolist()
+    )
 
 
 def test_a_mixed_pool_aggregate_stays_flat_when_the_work_shifts_between_hardware() -> None:
     """Each hardware kind's pool MFU is its own level: more busy time on the slower kind
     does not move either aggregate."""
+
     def batch(ts: float, a100_busy: float) -> list:
         h = window("h/0", ts, mfu=0.5)
         a = window("a/0", ts, mfu=0.3, hw="a100-sxm")
