@@ -34,6 +34,7 @@ import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping, Set
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from aiokafka import TopicPartition
@@ -288,18 +289,10 @@ class Checkpointer:
                 if offset is None:
                     self.stats.restore_failures += 1
                     continue
-                try:
-                    blob = await asyncio.to_thread(cp.payload)
-                    self.pipeline.restore_fleet(p, blob)
-                except StateVersionError as exc:
-                    self._version_mismatch(cp, exc)
+                if not await self._restore_one(
+                    cp, partial(self.pipeline.restore_fleet, p), "fleet"
+                ):
                     continue
-                except Exception as exc:  # noqa: BLE001 - a bad checkpoint must never stop the daemon
-                    self.stats.restore_failures += 1
-                    self.log.warning("unusable fleet checkpoint, trying an older one",
-                                     key=cp.key, checkpoint=cp.id, reason=repr(exc))  # fmt: skip
-                    continue
-                self.stats.incident_restores += 1
                 self._fleet_saved = (p, offset)
                 seeks[TopicPartition(topic, p)] = offset
                 self.log.info("fleet stage restored", partition=p, checkpoint=cp.id)
@@ -348,19 +341,27 @@ class Checkpointer:
                 self.log.info("incidents checkpoint does not match the restored partitions",
                               key=cp.key, checkpoint=cp.id)  # fmt: skip
                 continue
-            try:
-                blob = await asyncio.to_thread(cp.payload)
-                self.pipeline.restore_incidents(blob)
-            except StateVersionError as exc:
-                self._version_mismatch(cp, exc)
-                continue
-            except Exception as exc:  # noqa: BLE001 - a bad checkpoint must never stop the daemon
-                self.stats.restore_failures += 1
-                self.log.warning("unusable incidents checkpoint, trying an older one",
-                                 key=cp.key, checkpoint=cp.id, reason=repr(exc))  # fmt: skip
-                continue
-            self.stats.incident_restores += 1
-            return
+            if await self._restore_one(cp, self.pipeline.restore_incidents, "incidents"):
+                return
+
+    async def _restore_one(
+        self, cp: Checkpoint, restore: Callable[[bytes], None], what: str
+    ) -> bool:
+        """One incidents or fleet checkpoint into `restore`; False, counted and logged, when it
+        is of another version or unusable (the caller tries an older one)."""
+        try:
+            blob = await asyncio.to_thread(cp.payload)
+            restore(blob)
+        except StateVersionError as exc:
+            self._version_mismatch(cp, exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 - a bad checkpoint must never stop the daemon
+            self.stats.restore_failures += 1
+            self.log.warning("unusable checkpoint, trying an older one", kind=what,
+                             key=cp.key, checkpoint=cp.id, reason=repr(exc))  # fmt: skip
+            return False
+        self.stats.incident_restores += 1
+        return True
 
     def _version_mismatch(self, cp: Checkpoint, exc: StateVersionError) -> None:
         """Another build's state: never guessed at; the partition starts fresh (or from an
