@@ -19,9 +19,10 @@ run: $(STAMP)
 	$(BIN)/flopwatch up
 
 ## test: lint, type-check, then the suite (real broker and Alertmanager included) except
-## the `slow` tests, which `make test-slow` and CI (.ci/run) run: about 4 minutes of killing
-## and pausing the daemon, broker and Alertmanager, and the daemon run as a process with the
-## fleet stage, that would take `make test` past ten minutes on a 2-core machine.
+## the `slow` tests, which `make test-slow` and CI (.ci/run) run: about 7 minutes of killing
+## and pausing the daemon, broker and Alertmanager, the daemon as a process with the fleet
+## stage, and the scenario pack at 128 devices, that would take `make test` past ten
+## minutes on a 2-core machine.
 test: $(STAMP) lint
 	$(BIN)/pytest -m "not slow"
 

@@ -17,6 +17,9 @@ REGRESSIONS = [
 HEALTHY = ["healthy_with_bursts", "deploy_without_regression"]
 
 
+# About three minutes at 128 devices: `make test-slow` and CI run it; `make test` has the
+# same nine scenarios at 48 devices in the golden replay (tests/test_replay_golden.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REGRESSIONS)
 def test_incident_found_attributed_and_rolled_back(name: str) -> None:
     """One alert per labelled incident, right first failing stage and rollback, no extras."""
