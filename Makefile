@@ -19,9 +19,10 @@ run: $(STAMP)
 	$(BIN)/flopwatch up
 
 ## test: lint, type-check, then the suite (real broker and Alertmanager included) except
-## the `slow` tests, which `make test-slow` and CI (.ci/run) run: about 7 minutes of killing
+## the `slow` tests, which `make test-slow` and CI (.ci/run) run: about 9 minutes of killing
 ## and pausing the daemon, broker and Alertmanager, the daemon as a process with the fleet
-## stage, and the scenario pack at 128 devices, that would take `make test` past ten
+## stage, the scenario pack at 128 devices and the heaviest property tests (ids across
+## batch sizes, pipeline invariants, bytes fuzzing), that would take `make test` past ten
 ## minutes on a 2-core machine.
 test: $(STAMP) lint
 	$(BIN)/pytest -m "not slow"

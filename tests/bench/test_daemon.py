@@ -42,6 +42,7 @@ def test_each_pool_regresses_alone_and_apart() -> None:
         assert spans[k] == list(range(spans[k][0], spans[k][-1] + 1))
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow and CI run it
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_a_small_run_reports_every_key() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import functools
 from pathlib import Path
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +43,7 @@ def _one_window() -> list[str]:
     return _ids(DEVICES)
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow and CI run it
 @settings(max_examples=3, deadline=None)
 @example(batch=2000)  # 89106f3: one incident paged as lat_p99_ms with a new id
 @given(batch=st.integers(DEVICES + 1, 40_000))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ def _run(msgs: list[RawMessage], chunk: int) -> list[Alert]:
     return out
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow and CI run it
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(PACK),

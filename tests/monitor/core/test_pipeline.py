@@ -6,6 +6,7 @@ import functools
 import json
 
 import numpy as np
+import pytest
 from factories import T0, fleet, joining_fleet, msg, window
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -256,6 +257,7 @@ def _small_incident():
     return batches, [a for b in batches for a in clean.process(b).alerts]
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow and CI run it
 @settings(max_examples=15, deadline=None)
 @given(st.lists(st.binary(max_size=300), min_size=1, max_size=6), st.integers(0, 63))
 def test_any_bytes_leave_the_pipeline_running_and_other_alerts_unchanged(junk, at) -> None:

@@ -81,6 +81,7 @@ def test_a_value_beyond_float32_is_rejected() -> None:
     )
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow and CI run it
 def test_offset_series_needs_the_relative_floors_off() -> None:
     """The daemon's defaults judge a change relative to the level: 2 sd at level 1000 is 0.2%,
     below `min_rel_change` (3%). With it at 0 the same steps are found as at level 0."""
