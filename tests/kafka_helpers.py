@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from conftest import Kcat
@@ -79,3 +84,29 @@ async def produce(settings: Settings, batches: list[list[RawMessage]]) -> None:
         await p.flush()
     finally:
         await p.stop()
+
+
+def run_process_until(
+    env: dict[str, str],
+    log: Path,
+    feed: Callable[[], None],
+    done: Callable[[], bool],
+    what: str,
+    timeout_s: float = 90.0,
+) -> int:
+    """`flopwatch run` as a process: feed it, wait until `done()` (failing with `what` past
+    the deadline, or with its log if it dies), stop it with SIGTERM; its exit code."""
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "monitor", "run"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        try:
+            feed()
+            deadline = time.monotonic() + timeout_s
+            while not done():
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, what
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+    return code

@@ -10,9 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet
-from kafka_helpers import isolated_settings, produce
+from kafka_helpers import isolated_settings, produce, run_process_until
 from prometheus_client import CollectorRegistry
 
 from monitor.config import Settings
@@ -298,20 +295,13 @@ def test_flopwatch_run_with_the_fleet_stage(broker: EmbeddedBroker, tmp_path: Pa
         text = out.read_text() if out.exists() else ""
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "monitor", "run"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-        try:
-            asyncio.run(produce(s.model_copy(update={"kafka": kafka}), batches))
-            deadline = time.monotonic() + 90
-            while not any(a["scope"]["level"] == "fleet" and len(a.get("pool_alerts", [])) == 2
-                          for a in alerts()):  # fmt: skip
-                assert proc.poll() is None, log.read_text()[-2000:]
-                assert time.monotonic() < deadline, "no fleet alert naming both pool alerts"
-                time.sleep(0.2)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(30)
+    code = run_process_until(
+        env, log,
+        lambda: asyncio.run(produce(s.model_copy(update={"kafka": kafka}), batches)),
+        lambda: any(a["scope"]["level"] == "fleet" and len(a.get("pool_alerts", [])) == 2
+                    for a in alerts()),
+        "no fleet alert naming both pool alerts",
+    )  # fmt: skip
     assert code == 0, log.read_text()[-2000:]
     started = [json.loads(line) for line in log.read_text().splitlines()
                if '"event": "started"' in line]  # fmt: skip

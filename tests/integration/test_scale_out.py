@@ -5,17 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemon_helpers import DEVICES, Daemon, fast_settings, until
 from factories import fleet, msg
-from kafka_helpers import isolated_settings, produce
+from kafka_helpers import isolated_settings, produce, run_process_until
 from prometheus_client import CollectorRegistry
 
 from monitor.config import Settings
@@ -193,25 +189,18 @@ def test_flopwatch_run_with_repartition(broker: EmbeddedBroker, tmp_path: Path) 
            "FLOPWATCH_KAFKA__TOPICS__STATE": t.state, "FLOPWATCH_SINKS__CONSOLE": "false",
            "FLOPWATCH_SINKS__JSONL_PATH": str(out), "FLOPWATCH_LOG_FORMAT": "json",
            "FLOPWATCH_HTTP_PORT": "0"}  # fmt: skip
-    with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "monitor", "run"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
-        try:
-            asyncio.run(produce(s.model_copy(update={"kafka": kafka}),
-                                fleet(80, regress_at=45, change_at=44)))  # fmt: skip
-            deadline = time.monotonic() + 90
 
-            def alerts() -> list[dict[str, Any]]:
-                text = out.read_text() if out.exists() else ""
-                return [json.loads(line) for line in text.splitlines() if line.strip()]
+    def alerts() -> list[dict[str, Any]]:
+        text = out.read_text() if out.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-            while not any(a["suggestion"]["change_id"] == "chg-1" for a in alerts()):
-                assert proc.poll() is None, log.read_text()[-2000:]
-                assert time.monotonic() < deadline, "no alert naming the change"
-                time.sleep(0.2)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(30)
+    code = run_process_until(
+        env, log,
+        lambda: asyncio.run(produce(s.model_copy(update={"kafka": kafka}),
+                                    fleet(80, regress_at=45, change_at=44))),
+        lambda: any(a["suggestion"]["change_id"] == "chg-1" for a in alerts()),
+        "no alert naming the change",
+    )  # fmt: skip
     assert code == 0, log.read_text()[-2000:]
     started = [json.loads(line) for line in log.read_text().splitlines()
                if '"event": "started"' in line]  # fmt: skip
