@@ -71,6 +71,9 @@ QUEUEING = frozenset({"queue_wait_ms", "queue_depth", "lat_p50_ms", "lat_p95_ms"
 # power) and utilisation (device MFU is served work: a saturated pool serves less than its
 # offered load predicts). A throttle shows as the clock, a slower kernel as layer MFU.
 LOAD_FOLLOWING = frozenset({"temp_c", "power_w", "device_mfu"})
+# What a thermal throttle follows: the die's temperature, which climbs over the cooling's
+# time constant (tens of seconds to minutes) before the clock steps down.
+HEAT = frozenset({"temp_c"})
 # Direction that counts as a regression (+1 up is bad, -1 down is bad).
 BAD_DIRECTION: dict[str, int] = {
     "mfu": -1, "device_mfu": -1, "stall_frac": +1, "occupancy": -1, "sram_hit": -1,

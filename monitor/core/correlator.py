@@ -18,6 +18,7 @@ from typing import Literal
 from monitor.indicators import (
     BAD_DIRECTION,
     CORROBORATING,
+    HEAT,
     LOAD_FOLLOWING,
     LOAD_METRICS,
     PRIMARY_ORDER,
@@ -234,9 +235,22 @@ class Incident:
         devices = self.devices
         onset = self.onset_ts
         lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
+        everything = (*self.points, *self.evidence)
+        # Heat builds up over the cooling's time constant before the clock steps down, so
+        # on a device whose clock stepped down a temperature rise counts from as far back
+        # as the grouping window: it is the throttle's cause, however slowly it came.
+        throttled = {
+            p.device for p in everything
+            if p.metric == "clock_mhz" and p.device in devices and lo <= p.onset_ts <= hi
+        }  # fmt: skip
+        heat_lo = onset - self.group_window_s
         groups: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
-        for p in (*self.points, *self.evidence):
-            if p.device in devices and lo <= p.onset_ts <= hi:
+        for p in everything:
+            if p.device not in devices or p.onset_ts > hi:
+                continue
+            if lo <= p.onset_ts or (
+                p.metric in HEAT and p.device in throttled and heat_lo <= p.onset_ts
+            ):
                 groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
         need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
         return {k: v for k, v in groups.items() if len({p.device for p in v}) >= need}
@@ -266,6 +280,21 @@ class Incident:
         offered load did not rise, the queue and the latency it adds are the slower
         service's consequence, so they do not name ingress as the stage that failed.
         """
+        onsets = self._stage_onsets()
+        if not onsets:
+            return self.points[0].stage
+        earliest = min(onsets.values())
+        tie = self.window_s / 2
+        return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
+
+    def first_onset(self) -> float:
+        """When the first failing indicator changed (contract §5 `onset_ts`): the onset of
+        the earliest stage's indicators, never later than the primary metric's."""
+        onsets = self._stage_onsets()
+        return min(self.onset_ts, onsets[self.first_failing_stage()]) if onsets else self.onset_ts
+
+    def _stage_onsets(self) -> dict[Stage, float]:
+        """Per stage, the earliest median onset of its supporting indicators."""
         supporting = self.supporting()
         moved = {metric for _, metric, _ in supporting}
         efficiency = moved - (QUEUEING | LOAD_FOLLOWING | LOAD_METRICS)
@@ -275,11 +304,7 @@ class Incident:
         for (stage, _, _), pts in supporting.items():
             t = median(p.onset_ts for p in pts)
             onsets[stage] = min(onsets.get(stage, t), t)
-        if not onsets:
-            return self.points[0].stage
-        earliest = min(onsets.values())
-        tie = self.window_s / 2
-        return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
+        return onsets
 
     def confirmed_at(
         self,

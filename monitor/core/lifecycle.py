@@ -161,6 +161,11 @@ class AlertLifecycle:
                            default=None)  # fmt: skip
                 if sure is None:
                     continue
+                if self._throttle_behind(inc, incidents) is not None:
+                    # One mechanism, one page: the throttle already paged, and its devices
+                    # serving slower is what moved here (their queue, the pool's latency).
+                    inc.status, inc.resolved_ts = "resolved", now_ts
+                    continue
                 inc.detected_ts = sure
                 # The id is what the incident was when it became sure, in event time: a
                 # batch that reaches further past that moment must not change it.
@@ -207,6 +212,29 @@ class AlertLifecycle:
             view.detected_ts = inc.detected_ts
             out.append(self.render(view, now_ts, n_pool, "firing", level=level))
         return out
+
+    @staticmethod
+    def _throttle_behind(inc: Incident, incidents: list[Incident]) -> Incident | None:
+        """The open, paged hardware fault of the same pool whose throttling this incident
+        shows: the clock stepped down again, as it began, on that fault's devices or hosts
+        (or None). Those devices were already found faulty, so one of them is enough."""
+        onset = inc.onset_ts
+        lo, hi = onset - LEAD_WINDOWS * inc.window_s, onset + inc.group_window_s
+        throttled = [
+            p for p in (*inc.points, *inc.evidence)
+            if p.metric == "clock_mhz" and p.is_regression and lo <= p.onset_ts <= hi
+        ]  # fmt: skip
+        if not throttled:
+            return None
+        for hw in incidents:
+            if hw is inc or not hw.paging or (hw.pool, hw.model) != (inc.pool, inc.model):
+                continue
+            if not _hardware_fault({metric for _, metric, _ in hw.supporting()}):
+                continue
+            devices, hosts = hw.devices, hw.hosts
+            if any(p.device in devices or p.host in hosts for p in throttled):
+                return hw
+        return None
 
     def _not_ours(self, inc: Incident) -> bool:
         """An incident of one pool, in the fleet stage (its replica sends that alert)."""
@@ -400,7 +428,7 @@ class AlertLifecycle:
             ts=now_ts,
             # The median onset can lie after the first detection once later devices join;
             # a change is never found before it began.
-            onset_ts=min(inc.onset_ts, inc.detected_ts),
+            onset_ts=min(inc.first_onset(), inc.detected_ts),
             detected_ts=inc.detected_ts,
             severity=sev,
             scope=AlertScope(

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from monitor.arrays import F64, I64
+from monitor.arrays import F64, I64, Bools
 from monitor.core.load_model import LoadModel
+from monitor.indicators import BAD_DIRECTION
 
 # Load-driven columns; the rest are judged on their raw values.
 LOAD_SENSITIVE = frozenset({
@@ -25,6 +26,25 @@ LOAD_SENSITIVE = frozenset({
     "device_mfu", "power_w", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms",
     "queue_wait_ms", "queue_depth",
 })  # fmt: skip
+
+
+def back_to_expected(
+    metrics: list[str], before: F64, after: F64, ratio_after: F64, floor_rel: F64
+) -> Bools:
+    """Which changes went the bad way only back to what the load model expects.
+
+    A load-normalised stream whose new level is what its own history predicts at its load
+    (a ratio within the reporting floor of 1) did not regress: the level before was the
+    excursion, as when a burst the model under-predicted ends. Its steps the good way are
+    kept: a fix showing is one of them.
+    """
+    sensitive = np.array([m in LOAD_SENSITIVE for m in metrics], dtype=bool)
+    sign = np.array([BAD_DIRECTION.get(m, 0) for m in metrics], dtype=np.float64)
+    worse = (after - before) * sign > 0
+    with np.errstate(invalid="ignore"):
+        normal = np.abs(ratio_after - 1.0) < floor_rel
+    out: Bools = sensitive & worse & normal
+    return out
 
 
 class LoadAdjuster:

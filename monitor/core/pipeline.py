@@ -22,6 +22,7 @@ from monitor.core.correlator import AGGREGATE, ChangePoint, Correlator, Incident
 from monitor.core.coverage import stage_of
 from monitor.core.fleet import REPORT_VERSION, FleetStage, Report, encode_report, page_of
 from monitor.core.lifecycle import AlertLifecycle, AlertState
+from monitor.core.load import back_to_expected
 from monitor.core.state import (
     STATE_VERSION,
     IncidentsSnapshot,
@@ -644,7 +645,8 @@ class Pipeline:
             if not len(det):
                 continue
             levels = det if scale is None else _rescale(det, rows[wave], scale)
-            found.extend(self._points(st.table, levels, det, view.partition, kind))
+            part, adjusted = view.partition, scale is not None
+            found.extend(self._points(st.table, levels, det, part, kind, adjusted=adjusted))
         for outcome, n in detector.drain_stats().items():
             if n:
                 self.stats.alarms[kind.name, outcome] += n
@@ -655,7 +657,7 @@ class Pipeline:
 
     def _points(
         self, table: StreamTable, det: Detections, norm: Detections, partition: int,
-        kind: StreamKind,
+        kind: StreamKind, *, adjusted: bool = False,
     ) -> list[ChangePoint]:  # fmt: skip
         """Change points with metadata; `det` in metric units, `norm` in the detector's."""
         names = kind.columns
@@ -665,6 +667,9 @@ class Pipeline:
         complement = np.array([names[c] in COMPLEMENT for c in det.cols.tolist()], dtype=bool)
         base = np.where(complement, 1.0 - det.before, det.before)  # the error rate, for quality
         material = (shift >= floor) & (shift >= rel * np.abs(base))
+        if adjusted:
+            metrics = [names[c] for c in det.cols.tolist()]
+            material &= ~back_to_expected(metrics, det.before, det.after, norm.after, rel)
         for col, mat in zip(det.cols.tolist(), material.tolist(), strict=True):
             self.stats.points[kind.name, names[col], mat] += 1
         out: list[ChangePoint] = []

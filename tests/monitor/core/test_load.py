@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from monitor.core.load import LoadAdjuster
+from monitor.core.load import LoadAdjuster, back_to_expected
 from monitor.core.load_model import LoadModel
 
 
@@ -218,3 +220,28 @@ def test_an_inherited_group_expects_what_its_predecessor_learned() -> None:
     adj.inherit(np.array([0]), np.array([2]))
     _, inherited = adj.adjust(np.array([2]), probe, y)
     assert abs(inherited[0, 0] / y[0, 0] - 1.0) < 0.05
+
+
+def test_a_drop_back_to_the_expected_level_is_not_a_regression() -> None:
+    """MFU 1.2x its expectation during a burst the model under-predicted, then back to 1.0
+    when the burst ends: the raw level fell, yet the stream is where its history puts it."""
+    metrics = ["mfu", "mfu", "lat_p99_ms", "mfu", "clock_mhz"]
+    before = np.array([0.14, 0.14, 40.0, 0.12, 1800.0])
+    after = np.array([0.12, 0.12, 52.0, 0.14, 1500.0])
+    ratio = np.array([1.01, 0.85, 1.02, 1.0, 1.0])  # detector's level after, as a ratio
+    rel = np.full(5, 0.05)
+    got = back_to_expected(metrics, before, after, ratio, rel)
+    # back to expected; a real 15 % drop; latency up to expected; a step the good way
+    # (a fix) is kept; a column judged raw (clock) is never a ratio.
+    assert got.tolist() == [True, False, True, False, False]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.01, 10.0), st.floats(0.01, 10.0), st.floats(0.0, 3.0) | st.just(float("nan")))
+def test_only_bad_moves_that_end_within_the_floor_of_expectation_are_dropped(
+    before: float, after: float, ratio: float
+) -> None:
+    """Whatever the levels, a dropped change went the bad way and ends within the floor."""
+    got = back_to_expected(["mfu"], np.array([before]), np.array([after]), np.array([ratio]),
+                           np.array([0.05]))  # fmt: skip
+    assert bool(got[0]) == (after < before and abs(ratio - 1.0) < 0.05)

@@ -1,0 +1,106 @@
+"""A throttle: heat builds up before the clock steps down, and what it slows is one incident."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from monitor.config import AlertSettings
+from monitor.core.advisor import Advisor
+from monitor.core.correlator import ChangePoint, Correlator
+from monitor.core.lifecycle import AlertLifecycle
+from monitor.indicators import STAGE_OF
+
+T0, W = 1_000_000.0, 10.0
+POOL, MODEL = "vision", "resnet@v5"
+HOT = "n7/gpu1"
+
+
+def _pt(
+    device: str, metric: str, before: float, after: float, onset: float, layer: str | None = None
+) -> ChangePoint:
+    return ChangePoint(
+        device=device, host=device.split("/", maxsplit=1)[0], pool=POOL, model=MODEL,
+        layer=layer, metric=metric, stage=STAGE_OF[metric], onset_ts=onset,
+        detected_ts=onset + 2 * W, before=before, after=after, score=10.0, window_s=W,
+    )  # fmt: skip
+
+
+def _hot_device(clock: bool) -> list[ChangePoint]:
+    """Cooling fails at T0: the temperature climbs for 14 windows, then (if `clock`) the
+    clock steps down and the conv layer loses FLOP/s."""
+    t = T0 + 14 * W
+    pts = [_pt(HOT, "temp_c", 44.0, 86.0, T0), _pt(HOT, "mfu", 0.52, 0.48, t, "conv")]
+    if clock:
+        pts.append(_pt(HOT, "clock_mhz", 1840.0, 1730.0, t))
+    return pts
+
+
+def _lifecycle() -> AlertLifecycle:
+    return AlertLifecycle(AlertSettings(), Advisor())
+
+
+def test_heat_that_built_up_before_a_throttle_is_its_evidence_and_its_onset() -> None:
+    """One device, temperature and clock with MFU: a hardware fault that pages whatever its
+    share of the pool, dated from when the first indicator (the heat) moved."""
+    corr = Correlator()
+    corr.add(_hot_device(clock=True), T0 + 20 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    alert = _lifecycle().render(inc, T0 + 20 * W, 8, "firing")
+    assert alert.bottleneck == "thermal_power"
+    assert alert.severity == "page"
+    assert alert.onset_ts == T0
+    assert "temp_c" in {e.indicator for e in alert.evidence}
+
+
+def test_heat_long_before_an_mfu_drop_without_a_throttle_is_not_its_cause() -> None:
+    """Without the clock stepping down, a temperature rise 14 windows earlier is outside
+    the lead any cause has: the MFU drop is dated and judged on its own."""
+    corr = Correlator()
+    corr.add(_hot_device(clock=False), T0 + 20 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    alert = _lifecycle().render(inc, T0 + 20 * W, 8, "firing")
+    assert alert.onset_ts == T0 + 14 * W
+    assert "temp_c" not in {e.indicator for e in alert.evidence}
+    assert alert.severity != "page"
+
+
+def _pool_slowdown(onset: float, clock: bool) -> list[ChangePoint]:
+    """Later, at a burst, latency rises over the whole pool; with `clock`, the hot device's
+    clock steps down further in the same window."""
+    devs = [f"n7/gpu{i}" for i in range(8)]
+    pts = [_pt(d, "lat_p99_ms", 60.0, 95.0, onset) for d in devs]
+    pts += [_pt(d, "queue_wait_ms", 10.0, 14.0, onset) for d in devs]
+    if clock:
+        pts.append(_pt(HOT, "clock_mhz", 1730.0, 1310.0, onset))
+        pts.append(dataclasses.replace(_pt(HOT, "temp_c", 86.0, 91.0, onset)))
+    return pts
+
+
+def _run(clock: bool) -> tuple[list[str], list[str]]:
+    """Ids of the first pages, and of every firing record after the pool's slowdown."""
+    corr, life = Correlator(), _lifecycle()
+    counts = {(POOL, MODEL): 8}
+    hosts = {"n7": 8}
+    now = T0 + 20 * W
+    corr.add(_hot_device(clock=True), now, counts)
+    first = [a.id for a in life.due(corr.incidents, now, counts, hosts)]
+    later = T0 + 200 * W
+    corr.add(_pool_slowdown(later, clock), later + 3 * W, counts)
+    after = life.due(corr.incidents, later + 4 * W, counts, hosts)
+    return first, [a.id for a in after if a.status == "firing"]
+
+
+def test_a_pool_slowed_by_a_paged_throttle_does_not_page_again() -> None:
+    """The pool's latency rose because the paged device throttled deeper at a burst: one
+    mechanism, one page, so nothing new goes to on-call."""
+    first, after = _run(clock=True)
+    assert len(first) == 1
+    assert set(after) <= set(first)
+
+
+def test_a_pool_slowdown_without_the_throttle_is_judged_on_its_own() -> None:
+    """The same latency rise with the clock steady is not the throttle's: it opens and is
+    judged as an incident of its own (a new id)."""
+    first, after = _run(clock=False)
+    assert len(first) == 1
+    assert set(after) - set(first)
