@@ -18,7 +18,7 @@ import numpy as np
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
-from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
+from monitor.core.correlator import LEAD_WINDOWS, OVERLOAD_RATIO, ChangePoint, Incident
 from monitor.core.coverage import not_judged
 from monitor.indicators import (
     COMM_LAYERS,
@@ -161,7 +161,7 @@ class AlertLifecycle:
                            default=None)  # fmt: skip
                 if sure is None:
                     continue
-                if self._throttle_behind(inc, incidents) is not None:
+                if self._consequence_of(inc, incidents) is not None:
                     # One mechanism, one page: the throttle already paged, and its devices
                     # serving slower is what moved here (their queue, the pool's latency).
                     inc.status, inc.resolved_ts = "resolved", now_ts
@@ -214,26 +214,36 @@ class AlertLifecycle:
         return out
 
     @staticmethod
-    def _throttle_behind(inc: Incident, incidents: list[Incident]) -> Incident | None:
-        """The open, paged hardware fault of the same pool whose throttling this incident
-        shows: the clock stepped down again, as it began, on that fault's devices or hosts
-        (or None). Those devices were already found faulty, so one of them is enough."""
+    def _consequence_of(inc: Incident, incidents: list[Incident]) -> Incident | None:
+        """The open, paged incident of the same pool and model whose mechanism this one
+        shows again (or None): one mechanism, one page.
+
+        - a throttle: the clock stepped down again, as it began, on that hardware fault's
+          devices or hosts (those devices were already found faulty, so one is enough);
+        - a slower service: this incident is about what serving slower moves (queue,
+          latency, served MFU), and the mechanism behind it (a per-layer efficiency or
+          placement indicator) is one the paged incident moved, on its devices or on the
+          pool aggregate (a placement regression at the next burst).
+        """
         onset = inc.onset_ts
         lo, hi = onset - LEAD_WINDOWS * inc.window_s, onset + inc.group_window_s
         throttled = [
             p for p in (*inc.points, *inc.evidence)
             if p.metric == "clock_mhz" and p.is_regression and lo <= p.onset_ts <= hi
         ]  # fmt: skip
-        if not throttled:
-            return None
+        served = inc.primary_metric in QUEUEING | LOAD_FOLLOWING
+        mine = _mechanisms(inc) if served else {}
         for hw in incidents:
             if hw is inc or not hw.paging or (hw.pool, hw.model) != (inc.pool, inc.model):
                 continue
-            if not _hardware_fault({metric for _, metric, _ in hw.supporting()}):
-                continue
-            devices, hosts = hw.devices, hw.hosts
-            if any(p.device in devices or p.host in hosts for p in throttled):
-                return hw
+            theirs = _mechanisms(hw)
+            if throttled and _hardware_fault({metric for _, metric, _ in hw.supporting()}):
+                devices, hosts = hw.devices, hw.hosts
+                if any(p.device in devices or p.host in hosts for p in throttled):
+                    return hw
+            for key in mine.keys() & theirs.keys():
+                if any(p.is_aggregate or p.device in hw.devices for p in mine[key]):
+                    return hw
         return None
 
     def _not_ours(self, inc: Incident) -> bool:
@@ -398,7 +408,11 @@ class AlertLifecycle:
         moved = {metric for _, metric, _ in support}
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
         load = inc.load_ratio() if metric in QUEUEING | LOAD_FOLLOWING else 1.0
-        bottleneck = bottleneck_class(stage, moved)
+        # Collective waits that rose with the offered load (a burst feeding an expert
+        # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
+        # an overload a regression.
+        classed = moved - {"sync_frac"} if load >= OVERLOAD_RATIO else moved
+        bottleneck = bottleneck_class(stage, classed)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
         what = f"{inc.layers[0] + ' ' if inc.layers else ''}{_METRIC_WORDS.get(metric, metric)}"
@@ -412,7 +426,7 @@ class AlertLifecycle:
         )
         if bottleneck == "overload" and suggestion.action == "rollback":
             # A change that fits explains it: the traffic only exposed it. Not overload.
-            bottleneck = bottleneck_class(stage, moved, explained=True)
+            bottleneck = bottleneck_class(stage, classed, explained=True)
         share = len(devices) / n_pool if n_pool else 1.0
         if bottleneck == "synchronisation" and any(layer in COMM_LAYERS for _, _, layer in support):
             # A collective is as slow as its slowest member: every rank of the job waits
@@ -476,6 +490,16 @@ def tolerance(metric: str, s: AlertSettings) -> float:
     if metric in COMPLEMENT:
         return max(s.resolve_tolerance, MIN_REL_CHANGE.get(metric, 0.0))
     return s.resolve_tolerance
+
+
+def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]]:
+    """What moved with an incident besides queueing, load and what follows load, by
+    (metric, layer): its mechanism, with the points that show it."""
+    return {
+        (metric, layer): pts
+        for (_, metric, layer), pts in inc.supporting().items()
+        if metric not in QUEUEING | LOAD_FOLLOWING | LOAD_METRICS
+    }
 
 
 def _hardware_fault(moved: set[str]) -> bool:

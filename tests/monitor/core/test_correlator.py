@@ -69,6 +69,32 @@ def test_queueing_without_a_request_rate_rise_is_still_capacity() -> None:
     assert "capacity" in alert.summary
 
 
+def _overload_with_collective_waits(req_after: float):
+    """Queueing on all 8 devices, and an expert all-to-all's waits up on 2 of them."""
+    inc = _incident(req_after)
+    waits = [
+        dataclasses.replace(_pt(f"h{i}/gpu0", "sync_frac", 0.22, 0.41, T0 + W), layer="allreduce")
+        for i in range(2)
+    ]
+    inc.evidence.extend(waits)
+    return inc
+
+
+def test_collective_waits_that_rose_with_the_offered_load_stay_overload() -> None:
+    """A burst feeding an expert all-to-all raises its waits: with the offered load up by
+    more than the overload ratio they follow the traffic, and the queue is capacity."""
+    alert = _render(_overload_with_collective_waits(req_after=260.0))
+    assert "sync_frac" in {e.indicator for e in alert.evidence}
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+
+
+def test_collective_waits_without_a_load_rise_are_a_mechanism() -> None:
+    """The same waits with the offered load flat are a mechanism of their own: no overload."""
+    alert = _render(_overload_with_collective_waits(req_after=101.0))
+    assert alert.bottleneck != "overload"
+
+
 def test_a_mechanism_moving_is_not_overload() -> None:
     assert bottleneck_class("ingress", {"queue_wait_ms", "clock_mhz"}) != "overload"
     assert bottleneck_class("ingress", {"queue_wait_ms", "temp_c", "device_mfu"}) == ("overload")

@@ -1,4 +1,5 @@
-"""A throttle: heat builds up before the clock steps down, and what it slows is one incident."""
+"""One mechanism, one page: a throttle dated from its heat, and what a paged mechanism slows
+at the next burst joins its page instead of paging again."""
 
 from __future__ import annotations
 
@@ -102,5 +103,47 @@ def test_a_pool_slowdown_without_the_throttle_is_judged_on_its_own() -> None:
     """The same latency rise with the clock steady is not the throttle's: it opens and is
     judged as an incident of its own (a new id)."""
     first, after = _run(clock=False)
+    assert len(first) == 1
+    assert set(after) - set(first)
+
+
+def _placement(onset: float) -> list[ChangePoint]:
+    """KV placement moved to HBM on all 8 devices: attention spills and loses MFU."""
+    devs = [f"n7/gpu{i}" for i in range(8)]
+    pts = [_pt(d, "mfu", 0.30, 0.24, onset, "attention") for d in devs]
+    pts += [_pt(d, "spill_frac", 0.01, 0.09, onset, "attention") for d in devs]
+    return pts
+
+
+def _burst_queue(onset: float, layer: str) -> list[ChangePoint]:
+    """At a later burst the queue builds on every device, with `layer` spilling more."""
+    devs = [f"n7/gpu{i}" for i in range(8)]
+    pts = [_pt(d, "queue_wait_ms", 10.0, 30.0, onset) for d in devs]
+    pts += [_pt(d, "spill_frac", 0.09, 0.15, onset, layer) for d in devs]
+    return pts
+
+
+def _pages_after_burst(layer: str) -> tuple[list[str], list[str]]:
+    corr, life = Correlator(), _lifecycle()
+    counts = {(POOL, MODEL): 8}
+    corr.add(_placement(T0), T0 + 3 * W, counts)
+    first = [a.id for a in life.due(corr.incidents, T0 + 4 * W, counts)]
+    later = T0 + 300 * W
+    corr.add(_burst_queue(later, layer), later + 3 * W, counts)
+    after = life.due(corr.incidents, later + 4 * W, counts)
+    return first, [a.id for a in after if a.status == "firing"]
+
+
+def test_a_paged_mechanism_showing_again_as_a_bursts_queue_does_not_page_again() -> None:
+    """The placement regression paged; at a burst its spill grows and the queue builds:
+    that is the same mechanism at a higher load, already on on-call's screen."""
+    first, after = _pages_after_burst("attention")
+    assert len(first) == 1
+    assert set(after) <= set(first)
+
+
+def test_a_queue_behind_another_layers_mechanism_is_its_own_incident() -> None:
+    """The same queue with another layer spilling is a mechanism the page never showed."""
+    first, after = _pages_after_burst("mlp")
     assert len(first) == 1
     assert set(after) - set(first)
