@@ -279,6 +279,83 @@ class LoadModel:
         self._seen[touched] += counts
         return expected
 
+    def complete(self, groups: I64, stride: int, features: F64, y: F64) -> bool:
+        """Whether `learn_grid` may take this grid: every sample learnable, none frozen."""
+        ids = groups[:, None] * stride + np.arange(stride)
+        frozen = self._frozen[ids[ids < self._cap]]
+        return bool(np.isfinite(y).all() and np.isfinite(features).all() and not frozen.any())
+
+    def learn_grid(
+        self, groups: I64, stride: int, features: F64, y: F64, *, support: bool
+    ) -> tuple[F64 | None, F64]:
+        """(support, expected) per sample of a complete, non-empty grid (`complete`), then
+        learn from it.
+
+        Sample (r, c) is model ``groups[r] * stride + c`` at design row r. The numbers are
+        those of `support` and then `update` over the grid's samples in any order that keeps
+        each model's rows in row order, bit for bit: the same sums of the same values in
+        the same order. A group's models share their rows, so the sums that depend on the
+        design alone are made once per group instead of once per model.
+        """
+        groups = np.asarray(groups, dtype=np.int64)
+        c, p = int(stride), self.p
+        if int(groups.min()) < 0:
+            raise ValueError("group ids must be >= 0")
+        n_groups = int(groups.max()) + 1
+        self._grow(n_groups * c)
+        x = self._design(features, groups.size)
+        fam, pos, counts = _segments(groups, n_groups)
+        order = _stable_order(groups, n_groups)
+        starts = np.r_[0, np.cumsum(counts[:-1])]
+        flat = (fam[:, None] * c + np.arange(c)).reshape(-1)  # touched models, ascending
+        sid = groups[:, None] * c + np.arange(c)  # each sample's model
+        sup = None
+        if support:
+            sup = self._grid_support(x, pos, counts, flat, c)[pos[:, None] * c + np.arange(c)]
+        th = self._theta[sid]
+        expected: F64 = (x[:, None, :] * th).sum(axis=2)
+        seen = self._seen[sid]
+        expected[seen < self.warmup] = np.nan
+        raw = np.einsum("rcp,rcp->rc", np.broadcast_to(x[:, None, :], th.shape), th)
+        resid = y - raw
+        bound = self.clip * self._rabs[sid] * _ABS_TO_SIGMA
+        warm = (seen >= self.warmup) & (bound > 0)
+        resid = np.where(warm, np.clip(resid, -bound, bound), resid)
+        y_eff = raw + resid
+        # Rows grouped by group, one contiguous row per feature or column (`update`).
+        xs = np.ascontiguousarray(x[order].T)
+        gram = np.add.reduceat((xs[:, None, :] * xs[None, :, :]).reshape(p * p, -1), starts, axis=1)
+        xtx = np.repeat(gram.T.reshape(-1, p, p), c, axis=0)
+        ye = np.ascontiguousarray(y_eff[order].T)
+        xty = np.add.reduceat((ye[:, None, :] * xs[None, :, :]).reshape(c * p, -1), starts, axis=1)
+        xty = xty.reshape(c, p, -1).transpose(2, 0, 1).reshape(-1, p)
+        wsum = np.repeat(counts.astype(np.float64), c)
+        lam = self.forget
+        a = lam * self._a[flat] + xtx
+        b = lam * self._b[flat] + xty
+        self._a[flat], self._b[flat] = a, b
+        self._theta[flat] = np.linalg.solve(self._regularised(a), b[:, :, None])[:, :, 0]
+        runs = np.ascontiguousarray(np.abs(resid[order]).T)
+        mean_abs = np.add.reduceat(runs, starts, axis=1).T.reshape(-1) / wsum
+        runs = np.ascontiguousarray(y[order].T)
+        mean_y = np.add.reduceat(runs, starts, axis=1).T.reshape(-1) / wsum
+        known = self._rabs[flat] > 0
+        self._rabs[flat] = np.where(known, lam * self._rabs[flat] + (1 - lam) * mean_abs, mean_abs)
+        lvl = self._level[flat]
+        self._level[flat] = np.where(np.isfinite(lvl), lam * lvl + (1 - lam) * mean_y, mean_y)
+        self._seen[flat] += np.repeat(counts, c)
+        return sup, expected
+
+    def _grid_support(self, x: F64, pos: I64, counts: I64, flat: I64, c: int) -> F64:
+        """`support` per model of a complete grid (`learn_grid`'s `flat` order)."""
+        count = np.repeat(counts.astype(np.float64), c)
+        sums = np.stack([np.bincount(pos, x[:, j]) for j in range(self.p)], axis=1)
+        x_mean: F64 = np.repeat(sums, c, axis=0) / count[:, None]
+        a_reg = self._regularised(self._a[flat])
+        lev = np.einsum("gp,gp->g", x_mean, np.linalg.solve(a_reg, x_mean[:, :, None])[:, :, 0])
+        out: F64 = 1.0 / np.maximum(lev * count, 1e-300)
+        return out
+
     # -- checkpoints ------------------------------------------------------------------
     def snapshot(self) -> bytes:
         """All state and parameters as deterministic bytes."""
