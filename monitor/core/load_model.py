@@ -145,7 +145,7 @@ class LoadModel:
 
     def _predict(self, groups: I64, x: F64) -> F64:
         """`predict` on design rows `x` (groups within the capacity)."""
-        expected: F64 = (x * self._theta[groups]).sum(axis=1)
+        expected = _dot(x, self._theta[groups])
         expected[self._seen[groups] < self.warmup] = np.nan
         return expected
 
@@ -313,7 +313,7 @@ class LoadModel:
         if support:
             sup = self._grid_support(x, pos, counts, flat, c)[pos[:, None] * c + np.arange(c)]
         th = self._theta[sid]
-        expected: F64 = (x[:, None, :] * th).sum(axis=2)
+        expected = _dot(x[:, None, :], th)
         seen = self._seen[sid]
         expected[seen < self.warmup] = np.nan
         raw = np.einsum("rcp,rcp->rc", np.broadcast_to(x[:, None, :], th.shape), th)
@@ -386,6 +386,21 @@ def _segments(groups: I64, cap: int) -> tuple[I64, I64, I64]:
     pos = np.empty(per_id.size, dtype=np.int64)
     pos[touched] = np.arange(touched.size)
     return touched, pos[groups], per_id[touched]
+
+
+def _dot(x: F64, coef: F64) -> F64:
+    """``(x * coef).sum(axis=-1)``: the same additions in the same order (from +0.0, left to
+    right under 8 terms), without numpy's fixed cost per output of reducing a short axis
+    (about 6x the time at 4 terms)."""
+    prod = x * coef
+    p = prod.shape[-1]
+    if p >= 8:  # numpy adds 8 or more terms pairwise
+        total: F64 = prod.sum(axis=-1)
+        return total
+    out: F64 = prod[..., 0] + 0.0
+    for j in range(1, p):
+        out += prod[..., j]
+    return out
 
 
 def _stable_order(groups: I64, cap: int) -> I64:
