@@ -288,14 +288,14 @@ class LoadModel:
     def learn_grid(
         self, groups: I64, stride: int, features: F64, y: F64, *, support: bool
     ) -> tuple[F64 | None, F64]:
-        """(support, expected) per sample of a complete, non-empty grid (`complete`), then
-        learn from it.
+        """(support, expected) per sample of a complete grid, then learn from it.
 
-        Sample (r, c) is model ``groups[r] * stride + c`` at design row r. The numbers are
-        those of `support` and then `update` over the grid's samples in any order that keeps
-        each model's rows in row order, bit for bit: the same sums of the same values in
-        the same order. A group's models share their rows, so the sums that depend on the
-        design alone are made once per group instead of once per model.
+        The grid must pass `complete` and hold at least one row. Sample (r, c) is model
+        ``groups[r] * stride + c`` at design row r. The numbers are those of `support` and
+        then `update` over the grid's samples in any order that keeps each model's rows in
+        row order, bit for bit: the same sums of the same values in the same order. A
+        group's models share their rows, so the sums that depend on the design alone are
+        made once per group instead of once per model.
         """
         groups = np.asarray(groups, dtype=np.int64)
         c, p = int(stride), self.p
@@ -378,9 +378,11 @@ class LoadModel:
 
 
 def _segments(groups: I64, cap: int) -> tuple[I64, I64, I64]:
-    """(touched groups ascending, each sample's index into them, samples per group): what
-    ``np.unique(groups, return_inverse=True)`` gives, by counting instead of sorting (ids
-    are below the model's capacity)."""
+    """(touched groups ascending, each sample's index into them, samples per group).
+
+    What ``np.unique(groups, return_inverse=True)`` gives, by counting instead of sorting
+    (ids are below `cap`).
+    """
     per_id = np.bincount(groups, minlength=cap)
     touched = np.flatnonzero(per_id)
     pos = np.empty(per_id.size, dtype=np.int64)
@@ -389,9 +391,11 @@ def _segments(groups: I64, cap: int) -> tuple[I64, I64, I64]:
 
 
 def _dot(x: F64, coef: F64) -> F64:
-    """``(x * coef).sum(axis=-1)``: the same additions in the same order (from +0.0, left to
-    right under 8 terms), without numpy's fixed cost per output of reducing a short axis
-    (about 6x the time at 4 terms)."""
+    """``(x * coef).sum(axis=-1)``, the same additions in the same order, but faster.
+
+    Under 8 terms numpy adds from +0.0 left to right; so does this, without numpy's fixed
+    cost per output of reducing a short axis (about 6x the time at 4 terms).
+    """
     prod = x * coef
     p = prod.shape[-1]
     if p >= 8:  # numpy adds 8 or more terms pairwise
