@@ -92,6 +92,14 @@ class LoadAdjuster:
         # amortise away as batches grow (MFU flattens out at large batch).
         feats = np.column_stack([np.log1p(known), 1.0 / np.maximum(known[:, 0], 1.0)])
         y = values[:, self._cols]
+        c = self._cols.size
+        want_support = self.min_support > 0
+        # The usual wave: every value measured, no group frozen. Its (group, column) models
+        # share their rows, and the grid form sums each group's rows once for all of them.
+        if groups.size and self._model.complete(groups, c, feats, y):
+            support, exp = self._model.learn_grid(groups, c, feats, y, support=want_support)
+            self._withhold(support, exp)
+            return self._ratios(ratios, expected, y, exp)
         # Column-major: each (group, column) model sees its samples in row order, as a
         # model of its own per column would.
         slot, row = np.nonzero(np.isfinite(y).T)
@@ -99,22 +107,30 @@ class LoadAdjuster:
         if row.size:
             ids = self._ids(groups)[row, slot]
             f = feats[row]
-            # The first windows at a load the model has not seen (a pool's first burst)
-            # are extrapolation: the ratio would measure the model's error, not the
-            # device. Withhold them from detection (NaN) but learn from them (support is
-            # taken before learning). A frozen group (its incident is paging) cannot
-            # learn, so there it lasts until the group thaws: judged on the extrapolation
-            # instead, a burst would read as a shift of level on every device, and its
-            # end as a drop back.
-            novel = None
-            if self.min_support > 0:
-                novel = self._model.support(ids, f) < self.min_support
+            support = self._model.support(ids, f) if want_support else None
             exp_ok = self._model.update(ids, f, y[row, slot])
-            if novel is not None:
-                novel &= np.isfinite(exp_ok)
-                exp_ok[novel] = np.nan
-                self.extrapolated += int(novel.sum())
+            self._withhold(support, exp_ok)
             exp[row, slot] = exp_ok
+        return self._ratios(ratios, expected, y, exp)
+
+    def _withhold(self, support: F64 | None, exp: F64) -> None:
+        """NaN where the model's support (taken before learning) is under `min_support`.
+
+        The first windows at a load the model has not seen (a pool's first burst) are
+        extrapolation: the ratio would measure the model's error, not the device. Withhold
+        them from detection (NaN) but learn from them. A frozen group (its incident is
+        paging) cannot learn, so there it lasts until the group thaws: judged on the
+        extrapolation instead, a burst would read as a shift of level on every device, and
+        its end as a drop back.
+        """
+        if support is None:
+            return
+        novel = (support < self.min_support) & np.isfinite(exp)
+        exp[novel] = np.nan
+        self.extrapolated += int(novel.sum())
+
+    def _ratios(self, ratios: F64, expected: F64, y: F64, exp: F64) -> tuple[F64, F64]:
+        """`adjust`'s outputs from the load-sensitive columns' values and expectations."""
         with np.errstate(divide="ignore", invalid="ignore"):
             ratios[:, self._cols] = np.where(exp > 0, y / exp, np.nan)
         expected[:, self._cols] = exp

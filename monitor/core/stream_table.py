@@ -199,6 +199,17 @@ if ("device_mfu", *_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS) != DEVICE_METR
 _STATS, _INGRESS, _SLO = (attrgetter(*f) for f in (_STATS_FIELDS, _INGRESS_FIELDS, _SLO_FIELDS))
 _NO_STATS, _NO_INGRESS, _NO_SLO = DeviceStats(), Ingress(), Slo()  # every field None
 _BATCH, _REQ_RATE = _INGRESS_FIELDS.index("batch"), _INGRESS_FIELDS.index("req_rate")
+_DEVICE_RAW_FIELDS = (*_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS)
+_INGRESS_AT = slice(len(_STATS_FIELDS), len(_STATS_FIELDS) + len(_INGRESS_FIELDS))
+
+
+def _device_raw(rec: WindowRecord) -> chain[float | None]:
+    """A record's device columns after device_mfu, in order (None: not measured)."""
+    return chain(
+        _STATS(_NO_STATS if rec.device_stats is None else rec.device_stats),
+        _INGRESS(_NO_INGRESS if rec.ingress is None else rec.ingress),
+        _SLO(_NO_SLO if rec.slo is None else rec.slo),
+    )
 
 
 @dataclass(slots=True)
@@ -550,18 +561,14 @@ class StreamTable:
         # Records whose every layer is `all` (a dcgm-exporter's): their own device family.
         coarse = (counts > 0) & (np.bincount(lrec, weights=~is_all, minlength=m) == 0)
         lgroup, dgroup = self._group_ids(devs, list(type_code), tcodes, counts, lrec, coarse)
-        # None -> NaN: not measured.
-        lraw = np.array(list(map(_INPUTS, flat)), dtype=np.float64).reshape(n, len(LAYER_INPUTS))
-        stats = np.array(
-            [_STATS(_NO_STATS if r.device_stats is None else r.device_stats) for r in recs],
-            dtype=np.float64,
-        ).reshape(m, len(_STATS_FIELDS))
-        ingress = np.array(
-            [_INGRESS(_NO_INGRESS if r.ingress is None else r.ingress) for r in recs],
-            dtype=np.float64,
-        ).reshape(m, len(_INGRESS_FIELDS))
-        slo = np.array([_SLO(_NO_SLO if r.slo is None else r.slo) for r in recs],
-                       dtype=np.float64).reshape(m, len(_SLO_FIELDS))  # fmt: skip
+        # None -> NaN: not measured. One flat list of numbers, not a list of tuples: numpy
+        # converts it in one pass instead of two (the shape found first), each pass a walk
+        # over objects long out of cache: 2-3x less time (bench.stages).
+        lraw = np.array(list(chain.from_iterable(map(_INPUTS, flat))),
+                        dtype=np.float64).reshape(n, len(LAYER_INPUTS))  # fmt: skip
+        draw = np.array(list(chain.from_iterable(map(_device_raw, recs))),
+                        dtype=np.float64).reshape(m, len(_DEVICE_RAW_FIELDS))  # fmt: skip
+        ingress = draw[:, _INGRESS_AT]
         dpeak = np.fromiter(map(_PEAK, devs), dtype=np.float64, count=m)
         kernels = list(map(_KERNEL, flat))
         return _Columns(
@@ -577,7 +584,7 @@ class StreamTable:
             dwin=np.fromiter(map(_WINDOW_S, recs), dtype=np.float64, count=m),
             dpeak=dpeak,
             dflops=_device_flops(lraw[:, _FLOPS], is_all, lrec, m),
-            draw=np.concatenate([stats, ingress, slo], axis=1),
+            draw=draw,
             dgroup=dgroup,
             dload=ingress[:, [_BATCH, _REQ_RATE]],
             lkernel=np.fromiter(map(is_not, kernels, repeat(None)), dtype=bool, count=n),

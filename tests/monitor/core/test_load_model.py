@@ -137,3 +137,36 @@ def test_snapshot_restore_gives_identical_future_outputs(seed: int, cut: int) ->
     for c in calls[cut:]:
         np.testing.assert_array_equal(model.update(*c), twin.update(*c))
     assert twin.snapshot() == model.snapshot()
+
+
+def test_learn_grid_is_support_then_update_bit_for_bit() -> None:
+    """A complete grid learned at once gives the per-sample path's numbers and state, byte
+    for byte (what the golden replay relies on), whatever the groups' sizes and order."""
+    rng = np.random.default_rng(5)
+    for groups_n, rows, stride in ((1, 40, 3), (7, 300, 5), (40, 9000, 7)):
+        grid, flat = LoadModel(3, capacity=stride), LoadModel(3, capacity=stride)
+        for _ in range(6):
+            g = rng.integers(0, groups_n, rows)
+            f = np.c_[np.log1p(rng.uniform(1, 64, (rows, 2))), rng.uniform(0, 1, rows)]
+            y = rng.uniform(0.1, 0.9, (rows, stride)) * rng.choice([1.0, 1e3])
+            assert grid.complete(g, stride, f, y)
+            sup, exp = grid.learn_grid(g, stride, f, y, support=True)
+            slot, row = np.nonzero(np.ones((stride, rows), dtype=bool))  # column-major
+            ids = g[row] * stride + slot
+            flat.reserve((int(g.max()) + 1) * stride)
+            want_sup = flat.support(ids, f[row])
+            want_exp = flat.update(ids, f[row], y[row, slot])
+            assert sup is not None
+            assert np.array_equal(sup[row, slot], want_sup)
+            assert np.array_equal(exp[row, slot], want_exp, equal_nan=True)
+            assert grid.snapshot() == flat.snapshot()
+
+
+def test_a_grid_with_a_gap_or_a_frozen_group_is_not_complete() -> None:
+    """`learn_grid` only takes grids whose every sample is learned from."""
+    model = LoadModel(1, capacity=8)
+    g, f, y = np.array([0, 1]), np.ones((2, 1)), np.ones((2, 2))
+    assert model.complete(g, 2, f, y)
+    assert not model.complete(g, 2, f, np.array([[1.0, np.nan], [1.0, 1.0]]))
+    model.freeze(np.array([3]))  # group 1's second column
+    assert not model.complete(g, 2, f, y)
