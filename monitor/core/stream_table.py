@@ -11,6 +11,7 @@ reused after expiry and eviction.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -203,6 +204,11 @@ _DEVICE_RAW_FIELDS = (*_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS)
 _INGRESS_AT = slice(len(_STATS_FIELDS), len(_STATS_FIELDS) + len(_INGRESS_FIELDS))
 
 
+def _intern(name: str | None) -> str | None:
+    """`name` as the one interned string of its value (None stays None)."""
+    return None if name is None else sys.intern(name)
+
+
 def _device_raw(rec: WindowRecord) -> chain[float | None]:
     """A record's device columns after device_mfu, in order (None: not measured)."""
     return chain(
@@ -212,8 +218,10 @@ def _device_raw(rec: WindowRecord) -> chain[float | None]:
     )
 
 
-@dataclass(slots=True)
-class _Device:
+class _Device(msgspec.Struct, gc=False):
+    """One device's registry entry. A struct untracked by the cycle collector (it holds
+    only strings and numbers): one per device, which full collections would walk."""
+
     row: int
     host: str | None
     pool: str | None
@@ -310,17 +318,24 @@ class StreamTable:
                 self.device_names[row] = rec.device
             self.device_seen = _fit(self.device_seen, row + 1)
             self.device_seen[row] = -np.inf
-            dev = _Device(row, rec.host, rec.pool, rec.model, None, None, np.nan)
+            dev = _Device(row, None, None, None, None, None, np.nan)
             self.devices[rec.device] = dev
         if dev.hw != rec.hw or dev.dtype != rec.dtype:
             peak = self.catalog.peak_flops(rec.hw, rec.dtype)
-            dev.hw, dev.dtype = rec.hw, rec.dtype
+            dev.hw, dev.dtype = _intern(rec.hw), _intern(rec.dtype)
             dev.peak = np.nan if peak is None else peak
             if peak is None and rec.device not in self.unknown_hw:
                 self.newly_unknown.append((rec.device, rec.hw, rec.dtype))
         if np.isnan(dev.peak):
             self.unknown_hw[rec.device] += 1
-        dev.host, dev.pool, dev.model = rec.host, rec.pool, rec.model
+        # Names shared by many devices are held once (interned), not once per device: a
+        # decoded record's strings are its own. Compared first: most records change none.
+        if dev.host != rec.host:
+            dev.host = _intern(rec.host)
+        if dev.pool != rec.pool:
+            dev.pool = _intern(rec.pool)
+        if dev.model != rec.model:
+            dev.model = _intern(rec.model)
         dev.window_s = rec.window_s
         return dev
 
@@ -328,6 +343,7 @@ class StreamTable:
         key = (dev_row, layer)
         row = self.layer_index.get(key)
         if row is None:
+            key = (dev_row, sys.intern(layer))  # one string per layer type, not per stream
             row = self.free_layer_rows.pop() if self.free_layer_rows else len(self.layer_keys)
             if row == len(self.layer_keys):
                 self.layer_keys.append(key)
@@ -805,9 +821,9 @@ class StreamTable:
         t = cls(
             catalog=catalog,
             ttl_s=s.ttl_s if ttl_s is None else float(ttl_s),
-            devices={d[0]: _Device(*d[1:]) for d in s.devices},
+            devices={d[0]: _device_of(d) for d in s.devices},
             device_names=s.device_names,
-            layer_index={(row, layer): r for row, layer, r in s.layer_index},
+            layer_index={(row, sys.intern(layer)): r for row, layer, r in s.layer_index},
             layer_keys=[None if k is None else (k[0], k[1]) for k in s.layer_keys],
             last_kernel=s.last_kernel,
             free_device_rows=s.free_device_rows,
@@ -978,6 +994,12 @@ _DeviceRow = tuple[
 
 def _device_row(name: str, d: _Device) -> _DeviceRow:
     return (name, d.row, d.host, d.pool, d.model, d.hw, d.dtype, d.peak, d.last_ts, d.window_s)
+
+
+def _device_of(r: _DeviceRow) -> _Device:
+    """A device back from its checkpoint row, its names interned (`_intern`)."""
+    host, pool, model, hw, dtype = map(_intern, r[2:7])
+    return _Device(r[1], host, pool, model, hw, dtype, r[7], r[8], r[9])
 
 
 class _TableState(msgspec.Struct, array_like=True):

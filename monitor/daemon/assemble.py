@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -279,6 +280,7 @@ async def run_daemon(daemon: Daemon, stack: AsyncExitStack) -> int:
             lambda t: daemon.runner.stop.set() if not t.cancelled() else None
         )
     code = 0
+    _freeze_startup()
     try:
         await daemon.runner.run()
     except CheckpointError as exc:
@@ -287,6 +289,7 @@ async def run_daemon(daemon: Daemon, stack: AsyncExitStack) -> int:
         log.exception("cannot restore checkpoints", error=str(exc))
         code = 1
     finally:
+        gc.unfreeze()
         if rep is not None and rep_task is not None:
             rep.stop.set()
             try:
@@ -295,6 +298,18 @@ async def run_daemon(daemon: Daemon, stack: AsyncExitStack) -> int:
                 log.exception("repartition stage failed", error=repr(exc))
                 code = 1
     return code
+
+
+def _freeze_startup() -> None:
+    """Keep what imports and start-up made out of the cycle collector's full passes.
+
+    Modules, classes, settings and clients live as long as the process, yet each full
+    collection walked all of them (about 80 ms, every few seconds under load). Collected
+    once first, so no garbage is kept; `gc.unfreeze` at the end of the main loop gives
+    them back.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 async def serve(settings: Settings, wiring: Wiring | None = None) -> int:

@@ -175,7 +175,8 @@ class BankCusum:
         self._split = False
         self._warm = WarmStarts()
         self._buf32: dict[str, F32] = {}
-        self._cap = 0  # rows
+        self._cap = 0  # rows allocated
+        self._rows = 0  # rows handed out (`bank_state.grow`); the rest are untouched zeros
         self._s: dict[str, np.ndarray] = {}
         self._bank = np.zeros((2 * self.cfg.n_shifts, 0), dtype=np.float32)
         self._run = np.zeros((2, 0), dtype=np.float32)
@@ -184,7 +185,7 @@ class BankCusum:
         self._t0 = math.nan  # epoch of the time ring: set by the first wave
         # What became of alarms since the last `drain_stats` (process counters, not state).
         self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
-        bank_state.grow(self, max(int(capacity), 1))
+        bank_state.reserve(self, max(int(capacity), 1))
 
     def _derive(self) -> None:
         """The shift grid, constants and per-count tables the parameters imply."""
@@ -298,7 +299,7 @@ class BankCusum:
                 # Once per 12 days of stream time: re-express the ring in the new epoch,
                 # through float64 and in blocks (no full-size float64 copy).
                 step = 1 << 16
-                for a in range(0, self._tring.shape[1], step):
+                for a in range(0, self._rows * self.n_metrics, step):
                     blk = self._tring[:, a : a + step]
                     blk[...] = blk.astype(np.float64) - shift
                 self._t0 += shift

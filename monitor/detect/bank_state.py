@@ -7,6 +7,7 @@ smallest member's run lengths (2), and the ring of recent samples and their time
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,6 +53,28 @@ SCALARS: dict[str, type[np.generic]] = {
 }
 
 
+# Arrays of at least this many bytes get a mapping of their own (`_zeros`); smaller ones
+# are ordinary allocations.
+_MAP_MIN = 1 << 20
+
+
+def _zeros(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
+    """Zeros whose pages become resident only when written, 4 KiB at a time.
+
+    numpy asks for transparent huge pages on large arrays, so a write into capacity ahead
+    of use would make up to 2 MiB of it resident per array row (the rings have 32); a
+    mapping of the state's own, without huge pages, keeps unused capacity out of memory.
+    """
+    dt = np.dtype(dtype)
+    size = int(np.prod(shape)) * dt.itemsize
+    if size < _MAP_MIN:
+        return np.zeros(shape, dtype=dt)
+    buf = mmap.mmap(-1, size)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=dt).reshape(shape)
+
+
 def bytes_per_cell(det: BankCusum) -> int:
     """Bytes of state one (stream, metric) cell occupies."""
     scalars = sum(np.dtype(t).itemsize for t in SCALARS.values())
@@ -59,25 +82,45 @@ def bytes_per_cell(det: BankCusum) -> int:
 
 
 def grow(det: BankCusum, need_rows: int) -> None:
-    """Room for at least `need_rows` rows (capacity doubles, so growth is amortised)."""
-    if need_rows <= det._cap:
+    """Make rows below `need_rows` ready for samples (fresh rows: `sig` 1, rings empty)."""
+    if need_rows <= det._rows:
         return
-    cap = max(need_rows, 2 * det._cap)
-    old, cells = det._cap * det.n_metrics, cap * det.n_metrics
+    if need_rows > det._cap:
+        reserve(det, max(need_rows, 2 * det._cap))
+    k = det.n_metrics
+    lo, hi = det._rows * k, need_rows * k
+    det._s["sig"][lo:hi] = 1.0
+    det._ring[:, lo:hi] = np.nan
+    det._tring[:, lo:hi] = np.nan
+    det._rows = need_rows
+
+
+def reserve(det: BankCusum, cap: int) -> None:
+    """Allocate room for `cap` rows, keeping the rows in use.
+
+    Capacity doubles, so up to half of it is ahead of the streams. It is allocated as
+    zeros that the kernel backs on first write (`_zeros`), and only the rows `grow` hands
+    out are written: capacity ahead of use is address space, not resident memory (with
+    the rings filled with NaN up to capacity, it was about a third of the memory per
+    stream at 100,000 devices).
+    """
+    if cap <= det._cap:
+        return
+    used, cells = det._rows * det.n_metrics, cap * det.n_metrics
     s: dict[str, np.ndarray] = {}
     for name, dt in SCALARS.items():
-        arr = np.ones(cells, dtype=dt) if name == "sig" else np.zeros(cells, dtype=dt)
-        if old:
-            arr[:old] = det._s[name]
+        arr = _zeros((cells,), dt)
+        if used:
+            arr[:used] = det._s[name][:used]
         s[name] = arr
-    bank = np.zeros((2 * det.cfg.n_shifts, cells), dtype=np.float32)
-    bank[:, :old] = det._bank
-    run = np.zeros((2, cells), dtype=np.float32)
-    run[:, :old] = det._run
-    ring = np.full((det.cfg.history, cells), np.nan, dtype=np.float32)
-    ring[:, :old] = det._ring
-    tring = np.full((det.cfg.history, cells), np.nan, dtype=np.float32)
-    tring[:, :old] = det._tring
+    bank = _zeros((2 * det.cfg.n_shifts, cells), np.float32)
+    bank[:, :used] = det._bank[:, :used]
+    run = _zeros((2, cells), np.float32)
+    run[:, :used] = det._run[:, :used]
+    ring = _zeros((det.cfg.history, cells), np.float32)
+    ring[:, :used] = det._ring[:, :used]
+    tring = _zeros((det.cfg.history, cells), np.float32)
+    tring[:, :used] = det._tring[:, :used]
     det._s, det._bank, det._run, det._cap = s, bank, run, cap
     det._ring, det._tring = ring, tring
 
@@ -85,7 +128,7 @@ def grow(det: BankCusum, need_rows: int) -> None:
 def forget(det: BankCusum, rows: I64) -> None:
     """Reset expired streams' slots so a new stream can reuse them."""
     rows = np.asarray(rows, dtype=np.int64)
-    rows = rows[(rows >= 0) & (rows < det._cap)]
+    rows = rows[(rows >= 0) & (rows < det._rows)]
     if rows.size == 0:
         return
     cells = (rows[:, None] * det.n_metrics + np.arange(det.n_metrics)).ravel()
@@ -100,14 +143,15 @@ def forget(det: BankCusum, rows: I64) -> None:
 
 def rows_in_use(det: BankCusum) -> int:
     """Rows up to the last one that ever saw a sample (later slots are pristine)."""
-    seen = (det._s["n"] > 0) | (det._s["ns"] > 0)
+    cells = det._rows * det.n_metrics
+    seen = (det._s["n"][:cells] > 0) | (det._s["ns"][:cells] > 0)
     last = np.flatnonzero(seen)
     return 0 if last.size == 0 else int(last[-1]) // det.n_metrics + 1
 
 
 def state_arrays(det: BankCusum, rows: int | None = None) -> dict[str, np.ndarray]:
-    """State arrays for the first `rows` rows (all allocated rows by default)."""
-    cells = (det._cap if rows is None else rows) * det.n_metrics
+    """State arrays for the first `rows` rows (every row handed out by default)."""
+    cells = (det._rows if rows is None else rows) * det.n_metrics
     arrays: dict[str, np.ndarray] = {name: a[:cells] for name, a in det._s.items()}
     if not det._split:
         arrays["na"] = arrays["ns"]  # the AR count is the scale's (not kept apart yet)
@@ -158,5 +202,5 @@ def restore(cls: type[_Bank], blob: bytes, params: Mapping[str, Any] | None = No
     det._bank, det._run = arrays["bank"], arrays["run"]
     det._ring, det._tring = arrays["ring"], arrays["tring"]
     det._t0 = float(arrays["tepoch"][0])
-    det._cap = rows
+    det._cap = det._rows = rows
     return det

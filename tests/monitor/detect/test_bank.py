@@ -719,6 +719,25 @@ def test_capacity_grows_on_demand_without_changing_results() -> None:
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
 
 
+def test_capacity_ahead_of_use_stays_unwritten() -> None:
+    """Rows no wave reached keep their zero pages (not resident), and a large, mapped
+    capacity gives the same detections and checkpoint bytes as a small one."""
+    rng = np.random.default_rng(7)
+    x = 2 + rng.standard_normal((80, 5, 3))
+    x[60:, 2] += 6
+    big, small = BankCusum(3, capacity=1 << 16), BankCusum(3, capacity=1)
+    a, b = feed(big, x), feed(small, x)
+    assert big._ring.base is not None  # its own mapping (`bank_state._zeros`)
+    for f in ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert big.snapshot() == small.snapshot()
+    ahead = 5 * 3
+    for arr in (big._ring, big._tring, big._bank, big._run, *big._s.values()):
+        assert not arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)[:, ahead:].any()
+    big.update(np.array([9]), np.array([810.0]), np.array([[1.0, 2.0, 3.0]]))
+    assert np.isnan(bank_state.state_arrays(big)["ring"][:, ahead : 9 * 3]).all()
+
+
 # -- checkpoints --------------------------------------------------------------------------
 
 
