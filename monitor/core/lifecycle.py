@@ -162,8 +162,8 @@ class AlertLifecycle:
                 if sure is None:
                     continue
                 if self._consequence_of(inc, incidents) is not None:
-                    # One mechanism, one page: the throttle already paged, and its devices
-                    # serving slower is what moved here (their queue, the pool's latency).
+                    # One mechanism, one page: an open page already shows what moved here
+                    # again (its devices serving slower: their queue, the pool's latency).
                     inc.status, inc.resolved_ts = "resolved", now_ts
                     continue
                 inc.detected_ts = sure
@@ -236,13 +236,16 @@ class AlertLifecycle:
         for hw in incidents:
             if hw is inc or not hw.paging or (hw.pool, hw.model) != (inc.pool, inc.model):
                 continue
-            theirs = _mechanisms(hw)
-            if throttled and _hardware_fault({metric for _, metric, _ in hw.supporting()}):
-                devices, hosts = hw.devices, hw.hosts
-                if any(p.device in devices or p.host in hosts for p in throttled):
-                    return hw
-            for key in mine.keys() & theirs.keys():
-                if any(p.is_aggregate or p.device in hw.devices for p in mine[key]):
+            moved = {(metric, layer) for _, metric, layer in hw.supporting()}
+            devices, hosts = hw.devices, hw.hosts
+            if (
+                throttled
+                and _hardware_fault({metric for metric, _ in moved})
+                and any(p.device in devices or p.host in hosts for p in throttled)
+            ):
+                return hw
+            for key in mine.keys() & moved:
+                if any(p.is_aggregate or p.device in devices for p in mine[key]):
                     return hw
         return None
 
