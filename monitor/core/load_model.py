@@ -261,23 +261,24 @@ class LoadModel:
         ).T.reshape(-1, p, p)
         xty = np.add.reduceat(xws * y_eff[order], starts, axis=1).T
         wsum = np.add.reduceat(ws, starts)
-        lam = self.forget
-        a = lam * self._a[touched] + xtx
-        b = lam * self._b[touched] + xty
-        self._a[touched], self._b[touched] = a, b
-        self._theta[touched] = np.linalg.solve(self._regularised(a), b[:, :, None])[:, :, 0]
-
         # Residual scale and level: EW per call, weighted means within the call.
         mean_abs = np.add.reduceat(ws * np.abs(resid[order]), starts) / wsum
         mean_y = np.add.reduceat(ws * y[order], starts) / wsum
-        known = self._rabs[touched] > 0
-        self._rabs[touched] = np.where(
-            known, lam * self._rabs[touched] + (1 - lam) * mean_abs, mean_abs
-        )
-        lvl = self._level[touched]
-        self._level[touched] = np.where(np.isfinite(lvl), lam * lvl + (1 - lam) * mean_y, mean_y)
-        self._seen[touched] += counts
+        self._fold(touched, xtx, xty, mean_abs, mean_y, counts)
         return expected
+
+    def _fold(self, ids: I64, xtx: F64, xty: F64, mean_abs: F64, mean_y: F64, counts: I64) -> None:
+        """One call's sums into models `ids`: forget once, add, re-solve, track scale and level."""
+        lam = self.forget
+        a = lam * self._a[ids] + xtx
+        b = lam * self._b[ids] + xty
+        self._a[ids], self._b[ids] = a, b
+        self._theta[ids] = np.linalg.solve(self._regularised(a), b[:, :, None])[:, :, 0]
+        known = self._rabs[ids] > 0
+        self._rabs[ids] = np.where(known, lam * self._rabs[ids] + (1 - lam) * mean_abs, mean_abs)
+        lvl = self._level[ids]
+        self._level[ids] = np.where(np.isfinite(lvl), lam * lvl + (1 - lam) * mean_y, mean_y)
+        self._seen[ids] += counts
 
     def complete(self, groups: I64, stride: int, features: F64, y: F64) -> bool:
         """Whether `learn_grid` may take this grid: every sample learnable, none frozen."""
@@ -330,20 +331,11 @@ class LoadModel:
         xty = np.add.reduceat((ye[:, None, :] * xs[None, :, :]).reshape(c * p, -1), starts, axis=1)
         xty = xty.reshape(c, p, -1).transpose(2, 0, 1).reshape(-1, p)
         wsum = np.repeat(counts.astype(np.float64), c)
-        lam = self.forget
-        a = lam * self._a[flat] + xtx
-        b = lam * self._b[flat] + xty
-        self._a[flat], self._b[flat] = a, b
-        self._theta[flat] = np.linalg.solve(self._regularised(a), b[:, :, None])[:, :, 0]
         runs = np.ascontiguousarray(np.abs(resid[order]).T)
         mean_abs = np.add.reduceat(runs, starts, axis=1).T.reshape(-1) / wsum
         runs = np.ascontiguousarray(y[order].T)
         mean_y = np.add.reduceat(runs, starts, axis=1).T.reshape(-1) / wsum
-        known = self._rabs[flat] > 0
-        self._rabs[flat] = np.where(known, lam * self._rabs[flat] + (1 - lam) * mean_abs, mean_abs)
-        lvl = self._level[flat]
-        self._level[flat] = np.where(np.isfinite(lvl), lam * lvl + (1 - lam) * mean_y, mean_y)
-        self._seen[flat] += np.repeat(counts, c)
+        self._fold(flat, xtx, xty, mean_abs, mean_y, np.repeat(counts, c))
         return sup, expected
 
     def _grid_support(self, x: F64, pos: I64, counts: I64, flat: I64, c: int) -> F64:
