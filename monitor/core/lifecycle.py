@@ -213,13 +213,19 @@ class AlertLifecycle:
             out.append(self.render(view, now_ts, n_pool, "firing", level=level))
         return out
 
-    @staticmethod
-    def _consequence_of(inc: Incident, incidents: list[Incident]) -> Incident | None:
+    def _consequence_of(self, inc: Incident, incidents: list[Incident]) -> Incident | None:
         """The open, paged incident of the same pool and model whose mechanism this one
         shows again (or None): one mechanism, one page.
 
         - a throttle: the clock stepped down again, as it began, on that hardware fault's
           devices or hosts (those devices were already found faulty, so one is enough);
+        - a throttle cycling: most of this incident's devices are that hardware fault's,
+          it is about what a clock moves (MFU, the stall share, what serving slower
+          moves), and no change landed since that fault began that could be its own
+          cause. A throttling device's clock steps down and back as it heats and cools,
+          and each step moves its clock-bound ratios (memory stalls take a larger share
+          of a faster core's time); the page's step, cordoning those devices, covers
+          them, and a move seen mostly elsewhere is judged on its own;
         - a slower service: this incident is about what serving slower moves (queue,
           latency, served MFU), and the mechanism behind it (a per-layer efficiency or
           placement indicator) is one the paged incident moved, on its devices or on the
@@ -238,10 +244,18 @@ class AlertLifecycle:
                 continue
             moved = {(metric, layer) for _, metric, layer in hw.supporting()}
             devices, hosts = hw.devices, hw.hosts
+            hardware = _hardware_fault({metric for metric, _ in moved})
             if (
                 throttled
-                and _hardware_fault({metric for metric, _ in moved})
+                and hardware
                 and any(p.device in devices or p.host in hosts for p in throttled)
+            ):
+                return hw
+            if (
+                hardware
+                and inc.primary_metric in CLOCK_BOUND | QUEUEING
+                and 2 * len(inc.devices & devices) > len(inc.devices)
+                and not any(self.advisor.new_cause(hw, p) for p in inc.points)
             ):
                 return hw
             for key in mine.keys() & moved:
@@ -410,11 +424,12 @@ class AlertLifecycle:
         support = inc.supporting()
         moved = {metric for _, metric, _ in support}
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
-        load = inc.load_ratio() if metric in QUEUEING | LOAD_FOLLOWING else 1.0
+        follows = metric in QUEUEING | LOAD_FOLLOWING or metric == "sync_frac"
+        load = inc.load_ratio() if follows else 1.0
         # Collective waits that rose with the offered load (a burst feeding an expert
         # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
-        # an overload a regression.
-        classed = moved - {"sync_frac"} if load >= OVERLOAD_RATIO else moved
+        # an overload a regression, whether they or the queue they come with headline it.
+        classed = _classed(inc, support) if load >= OVERLOAD_RATIO else moved
         bottleneck = bottleneck_class(stage, classed)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
@@ -495,6 +510,28 @@ def tolerance(metric: str, s: AlertSettings) -> float:
     return s.resolve_tolerance
 
 
+def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[ChangePoint]]
+             ) -> set[str]:  # fmt: skip
+    """What moved, as the bottleneck class reads it when the offered load rose.
+
+    A collective's waits follow the traffic (`Incident.confirmed_at`). A mechanism seen on
+    fewer than half as many devices as the incident covers (the rule that picks its
+    primary metric) cannot be why all of them queue: the load is, and that mechanism, if
+    real, is an incident of its own. One seen on the pool aggregate is pool-wide.
+    """
+    n = len(inc.devices)
+    return {
+        metric
+        for (_, metric, _), pts in support.items()
+        if metric != "sync_frac"
+        and (
+            metric in QUEUEING | LOAD_FOLLOWING
+            or any(p.is_aggregate for p in pts)
+            or 2 * len({p.device for p in pts}) >= n
+        )
+    }
+
+
 def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]]:
     """What moved with an incident besides queueing, load and what follows load, by
     (metric, layer): its mechanism, with the points that show it."""
@@ -503,6 +540,10 @@ def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]
         for (_, metric, layer), pts in inc.supporting().items()
         if metric not in QUEUEING | LOAD_FOLLOWING | LOAD_METRICS
     }
+
+
+# What a device's clock moves: its own efficiency, not its answers or a collective's waits.
+CLOCK_BOUND = frozenset({"mfu", "stall_frac", "device_mfu"})
 
 
 def _hardware_fault(moved: set[str]) -> bool:

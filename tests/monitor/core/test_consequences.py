@@ -10,6 +10,7 @@ from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator
 from monitor.core.lifecycle import AlertLifecycle
 from monitor.indicators import STAGE_OF
+from monitor.wire import ChangeEvent, ChangeScope
 
 T0, W = 1_000_000.0, 10.0
 POOL, MODEL = "vision", "resnet@v5"
@@ -146,4 +147,54 @@ def test_a_queue_behind_another_layers_mechanism_is_its_own_incident() -> None:
     """The same queue with another layer spilling is a mechanism the page never showed."""
     first, after = _pages_after_burst("mlp")
     assert len(first) == 1
+    assert set(after) - set(first)
+
+
+def _cycling(onset: float, devices: list[str]) -> list[ChangePoint]:
+    """The stall share of the MLP layer up on these devices (the clock came back up)."""
+    return [_pt(d, "stall_frac", 0.12, 0.43, onset, "mlp") for d in devices]
+
+
+def _after_throttle(devices: list[str], changes: tuple[ChangeEvent, ...] = ()) -> tuple[
+    list[str], list[str]
+]:  # fmt: skip
+    """Ids of the throttle's first pages, and of the firing records after `_cycling`."""
+    corr, adv = Correlator(), Advisor()
+    for c in changes:
+        adv.add_change(c)
+    life = AlertLifecycle(AlertSettings(), adv)
+    corr.new_cause = adv.new_cause
+    counts, hosts = {(POOL, MODEL): 8}, {"n7": 8}
+    second = "n7/gpu2"
+    pts = _hot_device(clock=True) + [
+        dataclasses.replace(p, device=second) for p in _hot_device(clock=True)
+    ]
+    now = T0 + 20 * W
+    corr.add(pts, now, counts)
+    first = [a.id for a in life.due(corr.incidents, now, counts, hosts)]
+    later = T0 + 1400 * W
+    corr.add(_cycling(later, devices), later + 3 * W, counts)
+    after = life.due(corr.incidents, later + 4 * W, counts, hosts)
+    return first, [a.id for a in after if a.status == "firing"]
+
+
+def test_a_throttled_devices_efficiency_moving_again_does_not_page_again() -> None:
+    """Four hours after a two-device throttle paged, the stall share of those devices and
+    one neighbour jumps as their clocks cycle: the throttle's devices, no change of its
+    own, so the open page covers it (`fleet_day`, seed 8, paged it as memory locality)."""
+    first, after = _after_throttle([HOT, "n7/gpu2", "n7/gpu6"])
+    assert len(first) == 1
+    assert set(after) <= set(first)
+
+
+def test_a_move_mostly_off_the_throttled_devices_or_with_its_own_change_pages() -> None:
+    """Mostly on other devices, or with a scheduler change landed since the throttle, the
+    same move (a driver rolled out since) is judged on its own and pages under a new id."""
+    first, after = _after_throttle([HOT, "n7/gpu3", "n7/gpu4", "n7/gpu5"])
+    assert set(after) - set(first)
+    chg = ChangeEvent(
+        v=1, ts=T0 + 1390 * W, id="chg-9", kind="driver",
+        scope=ChangeScope(pool=POOL), from_="a", to="b",
+    )  # fmt: skip
+    first, after = _after_throttle([HOT, "n7/gpu2", "n7/gpu6"], (chg,))
     assert set(after) - set(first)

@@ -191,3 +191,53 @@ def test_a_queue_under_a_load_surge_still_names_ingress() -> None:
     """When the offered load rose by more than the overload ratio, the queue may be the
     arrivals' doing: ingress keeps its claim as the most upstream stage that moved."""
     assert _slower_service(load_after=200.0).first_failing_stage() == "ingress"
+
+
+def test_collective_waits_headlining_an_overload_stay_overload() -> None:
+    """The all-to-all's waits can head the incident (sync fraction ranks before queueing
+    among primary metrics): with the offered load up they still follow the traffic. They
+    paged as a host-scope synchronisation fault at a burst (`healthy_with_bursts`, seed 8)."""
+
+    def headed_by_waits(req_after: float):
+        inc = _incident(req_after)
+        inc.points += [
+            dataclasses.replace(_pt(f"h{i}/gpu0", "sync_frac", 0.37, 0.62, T0), layer="allreduce")
+            for i in range(8)
+        ]
+        return inc
+
+    inc = headed_by_waits(190.0)
+    assert inc.primary_metric == "sync_frac"
+    alert = _render(inc)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    # The same waits with the offered load flat are the collective's own: a page.
+    alert = _render(headed_by_waits(101.0))
+    assert alert.bottleneck == "synchronisation"
+    assert alert.severity == "page"
+
+
+def _overload_with_efficiency_on(k: int, req_after: float = 180.0):
+    """Queueing on all 8 devices at a burst, and the conv layer's MFU down on `k` of them."""
+    inc = _incident(req_after)
+    inc.evidence += [
+        dataclasses.replace(_pt(f"h{i}/gpu0", "mfu", 0.89, 0.55, T0), layer="conv")
+        for i in range(k)
+    ]
+    return inc
+
+
+def test_an_efficiency_move_on_a_few_devices_does_not_explain_a_pools_queue() -> None:
+    """Offered load up x1.8, every device queues, and 2 of 8 lost conv MFU: what makes all
+    eight queue is the load; the two, if real, are an incident of their own. This paged a
+    pool's first burst as an ingress regression (`fleet_day`, seeds 9 and 13)."""
+    alert = _render(_overload_with_efficiency_on(2))
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+
+
+def test_an_efficiency_move_on_half_the_devices_is_a_mechanism() -> None:
+    """On half of the devices (the rule that picks the primary metric), or with the load
+    flat, the same MFU drop is the mechanism and the incident is no overload."""
+    assert _render(_overload_with_efficiency_on(4)).bottleneck != "overload"
+    assert _render(_overload_with_efficiency_on(2, req_after=101.0)).bottleneck != "overload"
