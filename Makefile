@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.ingest --json out/bench/ingest.json
 	$(BIN)/python -m bench.memory --json out/bench/memory.json
 	$(BIN)/python -m bench.daemon --json out/bench/daemon.json
+	$(BIN)/python -m bench.ceiling --json out/bench/ceiling.json
 	@if [ -n "$(TCPD)" ]; then $(BIN)/python -m bench.tcpd --data "$(TCPD)" --json out/bench/tcpd.json; \
 	else echo "bench/tcpd.py skipped: set TCPD=<a checkout of alan-turing-institute/TCPD>"; fi
 

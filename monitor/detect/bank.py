@@ -43,6 +43,7 @@ from monitor.arrays import F32, F64, I32, I64
 from monitor.detect import bank_alarm, bank_state
 from monitor.detect.bank_alarm import ALARM_OUTCOMES
 from monitor.detect.bank_params import STATE_SHAPE, BankParams, param_types
+from monitor.detect.bank_times import TimeRings
 from monitor.detect.bank_warm import WarmStarts, unbiased_lag1
 from monitor.detect.base import Detections
 
@@ -53,8 +54,9 @@ _LRV_CALM_RUN = 64  # the long-run variance learns only while the smallest membe
 _JUMP_AFTER = 128  # samples in the scale estimate before the jump rule may fire
 _DZ_FINITE = np.float32(1e6)  # deviations are kept to this many sigmas: finite in float32
 # The time ring holds float32 seconds since the detector's epoch (half the bytes of
-# epoch seconds in float64, which float32 could not hold to the second). Within 2^20 s
-# (12 days) of the epoch a time is exact to 1/8 s; past that the epoch moves forward.
+# epoch seconds in float64, which float32 could not hold to the second), once per stream
+# where its cells agree (`bank_times`). Within 2^20 s (12 days) of the epoch a time is
+# exact to 1/8 s; past that the epoch moves forward.
 _T_SPAN = float(1 << 20)
 
 
@@ -181,7 +183,7 @@ class BankCusum:
         self._bank = np.zeros((2 * self.cfg.n_shifts, 0), dtype=np.float32)
         self._run = np.zeros((2, 0), dtype=np.float32)
         self._ring = np.zeros((self.cfg.history, 0), dtype=np.float32)
-        self._tring = np.zeros((self.cfg.history, 0), dtype=np.float32)
+        self._times = TimeRings(self.cfg.history, self.n_metrics, bank_state.zeros)
         self._t0 = math.nan  # epoch of the time ring: set by the first wave
         # What became of alarms since the last `drain_stats` (process counters, not state).
         self._stats = dict.fromkeys(ALARM_OUTCOMES, 0)
@@ -296,12 +298,8 @@ class BankCusum:
                 top = float(np.nanmax(rel))
             if top > _T_SPAN:
                 shift = math.floor(top)
-                # Once per 12 days of stream time: re-express the ring in the new epoch,
-                # through float64 and in blocks (no full-size float64 copy).
-                step = 1 << 16
-                for a in range(0, self._rows * self.n_metrics, step):
-                    blk = self._tring[:, a : a + step]
-                    blk[...] = blk.astype(np.float64) - shift
+                # Once per 12 days of stream time: re-express the ring in the new epoch.
+                self._times.shift(shift, self._rows)
                 self._t0 += shift
                 rel = ts - self._t0
         return rel
@@ -443,30 +441,29 @@ class BankCusum:
         s, hist = self._s, self.cfg.history
         dense = isinstance(sel, slice)
         pos = _get(s["pos"], sel)
+        self._take_times(sel, pos, t, here)
         p0 = int(pos[0])
         if dense and bool((pos == p0).all()):
             # Cells in lockstep: the ring slot is one row slice.
-            row, trow = self._ring[p0, sel], self._tring[p0, sel]
+            row = self._ring[p0, sel]
             xl = row.astype(np.float64)
-            keep = None if holes is None else (row[holes], trow[holes])
+            keep = None if holes is None else row[holes]
             row[...] = x
-            trow[...] = t
             pos[...] = (p0 + 1) % hist
             if keep is not None:
-                row[holes], trow[holes] = keep
+                row[holes] = keep
                 pos[holes] = p0
         else:
             # Slots scattered over the ring's rows (cells that missed windows fell behind):
             # nearly every slot is a cache line of its own, so this is the wave's costliest
             # step. Touch each slot once, and cast before scattering (a casting scatter is
             # slower).
-            ring, tring = self._ring.reshape(-1), self._tring.reshape(-1)
+            ring = self._ring.reshape(-1)
             flat = pos * np.int64(self._ring.shape[1])
             flat += _cells_of(sel)
             if here is None:
                 xl = np.take(ring, flat).astype(np.float64)
                 ring[flat] = x.astype(np.float32)
-                tring[flat] = t.astype(np.float32)  # cast first: a casting store is slow
                 pos += 1
             else:
                 # Absent cells' slots are neither written nor even read.
@@ -475,12 +472,38 @@ class BankCusum:
                 xl = np.full(x.size, np.nan)
                 xl[at] = np.take(ring, flat).astype(np.float64)
                 ring[flat] = np.take(x, at).astype(np.float32)
-                tring[flat] = np.take(t, at).astype(np.float32)
                 pos += here
             pos *= pos != hist  # wrap around
             if not dense:
                 s["pos"][sel] = pos
         return xl
+
+    def _take_times(self, sel: slice | I64, pos: I32, t: F64, here: _Mask | None) -> None:
+        """The wave's times into the time rings (`TimeRings.take`), by row: which cells of
+        each row are present, their ring positions before the wave, the row's time."""
+        k = self.n_metrics
+        if isinstance(sel, slice):
+            rows = np.arange(sel.start // k, sel.stop // k, dtype=np.int64)
+            cpos = pos.reshape(-1, k)
+            if here is None:
+                self._times.take(rows, None, cpos, t[::k])
+                return
+            present = here.reshape(-1, k)
+            first = np.argmax(present, axis=1)  # a present cell's time is its row's
+            self._times.take(rows, present, cpos, t.reshape(-1, k)[np.arange(rows.size), first])
+            return
+        # Gathered cells: the present ones only, a row's next to each other, in row order.
+        r = sel // k
+        starts = np.flatnonzero(np.concatenate([[True], r[1:] != r[:-1]]))
+        rows = r[starts]
+        if starts.size * k == sel.size:
+            self._times.take(rows, None, pos.reshape(-1, k), t[starts])
+            return
+        present = np.zeros((starts.size, k), dtype=np.bool_)
+        present[np.repeat(np.arange(starts.size), np.diff(np.append(starts, sel.size))),
+                sel % k] = True  # fmt: skip
+        cpos = self._s["pos"][rows[:, None] * k + np.arange(k)]
+        self._times.take(rows, present, cpos, t[starts])
 
     def _active(
         self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
@@ -1002,10 +1025,20 @@ class BankCusum:
     # -- baselines (alarms are in bank_alarm) -------------------------------------
     def _chrono(self, cells: I64) -> tuple[F64, F64]:
         """Ring values and times of `cells`, oldest first, one row per cell."""
-        order = (self._s["pos"][cells, None] + np.arange(self.cfg.history)) % self.cfg.history
+        order = self._order(cells)
         vals = np.take_along_axis(self._ring[:, cells].T, order, axis=1).astype(np.float64)
-        times = np.take_along_axis(self._tring[:, cells].T, order, axis=1).astype(np.float64)
-        return vals, times
+        times = self._times.columns(cells, self._s["pos"][cells]).T
+        return vals, np.take_along_axis(times, order, axis=1).astype(np.float64)
+
+    def _order(self, cells: I64) -> I64:
+        """Ring slots of `cells`, oldest first, one row per cell."""
+        order: I64 = (self._s["pos"][cells, None] + np.arange(self.cfg.history)) % self.cfg.history
+        return order
+
+    def _chrono_values(self, cells: I64) -> F64:
+        """Ring values of `cells`, oldest first, one row per cell (`_chrono` without times)."""
+        vals = self._ring[:, cells].T
+        return np.take_along_axis(vals, self._order(cells), axis=1).astype(np.float64)
 
     def _baseline(self, cells: I64) -> None:
         """(Re)set the level from the ring's samples; a never-baselined cell also gets scale/AR."""
@@ -1017,7 +1050,7 @@ class BankCusum:
     def _first_baseline(self, cells: I64) -> None:
         """Scale and AR(1) coefficient from the burn-in samples of never-baselined cells."""
         s, c = self._s, self.cfg.clip
-        vals, _ = self._chrono(cells)
+        vals = self._chrono_values(cells)
         fin = np.isfinite(vals)
         count = fin.sum(axis=1).astype(np.float64)
         mu = np.nanmedian(vals, axis=1)
@@ -1070,7 +1103,7 @@ class BankCusum:
     def _level(self, cells: I64) -> None:
         """Level = median of the ring's samples; start the lagged updates from there."""
         s = self._s
-        vals, _ = self._chrono(cells)
+        vals = self._chrono_values(cells)
         fin = np.isfinite(vals)
         mu = np.nanmedian(vals, axis=1)
         newest = self.cfg.history - 1 - np.argmax(fin[:, ::-1], axis=1)

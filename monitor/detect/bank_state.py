@@ -2,7 +2,8 @@
 
 A `BankCusum` keeps its state flat over cells (cell = row * n_metrics + column): the
 scalars of `SCALARS` as one array each, the bank's statistics (2 per shift size), the
-smallest member's run lengths (2), and the ring of recent samples and their times.
+smallest member's run lengths (2), and the ring of recent samples; their times are held
+per row where a row's cells agree (`bank_times`), and checkpoints hold them per cell.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from monitor.arrays import I64
 from monitor.detect import _blob
+from monitor.detect.bank_times import TimeRings
 from monitor.detect.base import StateShapeError
 
 if TYPE_CHECKING:
@@ -53,12 +55,12 @@ SCALARS: dict[str, type[np.generic]] = {
 }
 
 
-# Arrays of at least this many bytes get a mapping of their own (`_zeros`); smaller ones
+# Arrays of at least this many bytes get a mapping of their own (`zeros`); smaller ones
 # are ordinary allocations.
 _MAP_MIN = 1 << 20
 
 
-def _zeros(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
+def zeros(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
     """Zeros whose pages become resident only when written, 4 KiB at a time.
 
     numpy asks for transparent huge pages on large arrays, so a write into capacity ahead
@@ -76,9 +78,12 @@ def _zeros(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
 
 
 def bytes_per_cell(det: BankCusum) -> int:
-    """Bytes of state one (stream, metric) cell occupies."""
+    """Bytes of state one (stream, metric) cell occupies, its share of its row's time ring
+    included (a cell with a time ring of its own costs `4 * history` more)."""
     scalars = sum(np.dtype(t).itemsize for t in SCALARS.values())
-    return scalars + (2 * det.cfg.n_shifts + 2) * 4 + det.cfg.history * (4 + 4)
+    # `TimeRings.own`, and a share of the row's ring and position.
+    times = 4 + (det.cfg.history * 4 + 4) // det.n_metrics
+    return scalars + (2 * det.cfg.n_shifts + 2) * 4 + det.cfg.history * 4 + times
 
 
 def grow(det: BankCusum, need_rows: int) -> None:
@@ -91,7 +96,7 @@ def grow(det: BankCusum, need_rows: int) -> None:
     lo, hi = det._rows * k, need_rows * k
     det._s["sig"][lo:hi] = 1.0
     det._ring[:, lo:hi] = np.nan
-    det._tring[:, lo:hi] = np.nan
+    det._times.grow(det._rows, need_rows)
     det._rows = need_rows
 
 
@@ -99,7 +104,7 @@ def reserve(det: BankCusum, cap: int) -> None:
     """Allocate room for `cap` rows, keeping the rows in use.
 
     Capacity doubles, so up to half of it is ahead of the streams. It is allocated as
-    zeros that the kernel backs on first write (`_zeros`), and only the rows `grow` hands
+    zeros that the kernel backs on first write (`zeros`), and only the rows `grow` hands
     out are written: capacity ahead of use is address space, not resident memory (with
     the rings filled with NaN up to capacity, it was about a third of the memory per
     stream at 100,000 devices).
@@ -109,20 +114,19 @@ def reserve(det: BankCusum, cap: int) -> None:
     used, cells = det._rows * det.n_metrics, cap * det.n_metrics
     s: dict[str, np.ndarray] = {}
     for name, dt in SCALARS.items():
-        arr = _zeros((cells,), dt)
+        arr = zeros((cells,), dt)
         if used:
             arr[:used] = det._s[name][:used]
         s[name] = arr
-    bank = _zeros((2 * det.cfg.n_shifts, cells), np.float32)
+    bank = zeros((2 * det.cfg.n_shifts, cells), np.float32)
     bank[:, :used] = det._bank[:, :used]
-    run = _zeros((2, cells), np.float32)
+    run = zeros((2, cells), np.float32)
     run[:, :used] = det._run[:, :used]
-    ring = _zeros((det.cfg.history, cells), np.float32)
+    ring = zeros((det.cfg.history, cells), np.float32)
     ring[:, :used] = det._ring[:, :used]
-    tring = _zeros((det.cfg.history, cells), np.float32)
-    tring[:, :used] = det._tring[:, :used]
+    det._times.reserve(cap, det._rows)
     det._s, det._bank, det._run, det._cap = s, bank, run, cap
-    det._ring, det._tring = ring, tring
+    det._ring = ring
 
 
 def forget(det: BankCusum, rows: I64) -> None:
@@ -138,7 +142,7 @@ def forget(det: BankCusum, rows: I64) -> None:
     det._bank[:, cells] = 0.0
     det._run[:, cells] = 0.0
     det._ring[:, cells] = np.nan
-    det._tring[:, cells] = np.nan
+    det._times.forget(rows)
 
 
 def rows_in_use(det: BankCusum) -> int:
@@ -159,7 +163,7 @@ def state_arrays(det: BankCusum, rows: int | None = None) -> dict[str, np.ndarra
         bank=det._bank[:, :cells],
         run=det._run[:, :cells],
         ring=det._ring[:, :cells],
-        tring=det._tring[:, :cells],
+        tring=det._times.full(cells // det.n_metrics, det._s["pos"]),
     )
     return arrays
 
@@ -200,7 +204,8 @@ def restore(cls: type[_Bank], blob: bytes, params: Mapping[str, Any] | None = No
         np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
         np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
     det._bank, det._run = arrays["bank"], arrays["run"]
-    det._ring, det._tring = arrays["ring"], arrays["tring"]
+    det._ring = arrays["ring"]
+    det._times = TimeRings.load(arrays["tring"], arrays["pos"], n_metrics, zeros)
     det._t0 = float(arrays["tepoch"][0])
     det._cap = det._rows = rows
     return det

@@ -156,7 +156,7 @@ class WarmStarts:
         due = c[(age > 0) & (age % det.cfg.history == 0)]
         if due.size == 0:
             return
-        vals, _ = det._chrono(due)
+        vals = det._chrono_values(due)
         fin = np.isfinite(vals)
         # Around the ring's own median, as at burn-in: a shift building up in the ring would
         # read as persistence around the old level.

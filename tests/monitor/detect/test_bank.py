@@ -727,13 +727,14 @@ def test_capacity_ahead_of_use_stays_unwritten() -> None:
     x[60:, 2] += 6
     big, small = BankCusum(3, capacity=1 << 16), BankCusum(3, capacity=1)
     a, b = feed(big, x), feed(small, x)
-    assert big._ring.base is not None  # its own mapping (`bank_state._zeros`)
+    assert big._ring.base is not None  # its own mapping (`bank_state.zeros`)
     for f in ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score"):
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
     assert big.snapshot() == small.snapshot()
     ahead = 5 * 3
-    for arr in (big._ring, big._tring, big._bank, big._run, *big._s.values()):
+    for arr in (big._ring, big._times.own, big._bank, big._run, *big._s.values()):
         assert not arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)[:, ahead:].any()
+    assert not big._times.rows[:, 5:].any()  # the time ring is per row
     big.update(np.array([9]), np.array([810.0]), np.array([[1.0, 2.0, 3.0]]))
     assert np.isnan(bank_state.state_arrays(big)["ring"][:, ahead : 9 * 3]).all()
 
