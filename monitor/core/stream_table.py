@@ -481,7 +481,8 @@ class StreamTable:
         """Whether this batch might not fit under the caps, from cheap upper bounds on what
         it adds (the exact count costs a look-up per layer, `_Room`): a new device per
         record, a new stream per layer, and every pairing of its records' families with
-        its layer types (and the device level) a new group."""
+        its layer types (and the device level, two of them where some record sends only
+        "all": those devices are a device-level family of their own) a new group."""
         if self.max_devices is None and self.max_streams is None and self.max_groups is None:
             return False
         layers = [records[i].layers for i in picked]
@@ -494,7 +495,8 @@ class StreamTable:
             return False
         families = {self._group_key(records[i], "") for i in picked}
         types = set(map(_TYPE, chain.from_iterable(layers)))
-        return _over(self.max_groups, len(self.groups) + len(families) * (len(types) + 1))
+        levels = 1 + (COARSE_LAYER in types)
+        return _over(self.max_groups, len(self.groups) + len(families) * (len(types) + levels))
 
     def evict(self, kind: str, rows: list[int]) -> None:
         """Let go of live devices, layer streams or groups (`kind`) by row, as expiry does,

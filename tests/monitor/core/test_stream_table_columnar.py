@@ -15,7 +15,7 @@ import dataclasses
 import msgspec
 import numpy as np
 from factories import T0
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from monitor.core.stream_table import COARSE_DEVICE_GROUP, StreamTable, _Columns, _Device
@@ -140,8 +140,21 @@ def _assert_same(got: object, want: object) -> None:
             assert a == b, f.name
 
 
+# A device sending only "all" is a device-level family of its own: with another device's
+# first layers in the same batch that is one group more than the cheap bound once counted.
+_ALL_THEN_LAYERS = [[
+    WindowRecord(1, T0 + 10.0, 10.0, "n0/gpu0", [], host="n0", model="m@1", hw="h100-sxm",
+                 dtype="bf16"),
+    WindowRecord(1, T0 + 10.0, 10.0, "n0/gpu1", [Layer("all")], host="n0", model="m@1",
+                 hw="h100-sxm", dtype="bf16"),
+    WindowRecord(1, T0 + 20.0, 10.0, "n0/gpu0", [Layer("attention"), Layer("mlp")], host="n0",
+                 model="m@1", hw="h100-sxm", dtype="bf16"),
+]]  # fmt: skip
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(_record, max_size=8), min_size=1, max_size=5), _caps)
+@example(_ALL_THEN_LAYERS, (None, None, 4))
 def test_frames_and_state_match_the_walk(batches: list[list[WindowRecord]], caps: tuple) -> None:
     """Every batch: the same frame (kernel changes included), rejections, evictions and,
     at the end, the same table snapshot as the per-layer walk."""
