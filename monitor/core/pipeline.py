@@ -150,7 +150,13 @@ class Pipeline:
         """
         out = Output()
         reports: list[RawMessage] = []
+        changes_before = self.stats.changes_in
         samples = self._decode(batch, out, wall_ts, reports)
+        # A change event can arrive after the windows it explains (the changes topic is
+        # read beside the samples): an open page's rollback must not wait for more samples.
+        news = self.stats.changes_in > changes_before and any(
+            i.status == "open" for i in self.correlator.incidents
+        )
         points: list[ChangePoint] = []
         views: list[NormView] = []
         for part, items in sorted(samples.items()):
@@ -163,7 +169,7 @@ class Pipeline:
                 )
                 self._to_restate = []
                 out.alerts.extend(again)
-            if samples:
+            if samples or news:
                 self._correlate(points, views, out)
         except Exception as exc:  # noqa: BLE001 - a bug must not stop the daemon
             # Not one record's fault (the records are in): this batch's change points are

@@ -405,3 +405,18 @@ def test_replayed_records_do_not_resend_restored_pages() -> None:
     assert [a for a in replayed if a.id == aid] == []
     after = second.process(batches[70]).alerts
     assert [(a.id, a.status) for a in after if a.id == aid] == [(aid, "firing")]
+
+
+def test_a_change_read_after_the_windows_names_itself_on_the_open_page_at_once() -> None:
+    """The changes topic is read beside the samples: a change can come after the windows it
+    explains, and then no more samples for a while. The open page names its rollback with
+    the batch that brings the change, not with the next samples."""
+    batches = fleet(70, regress_at=40, change_at=39)
+    change = next(m for m in batches[39] if m.topic == "flopwatch.changes")
+    batches[39] = [m for m in batches[39] if m.topic != "flopwatch.changes"]
+    p, alerts, _ = _run(batches)
+    assert any(a.severity == "page" for a in alerts)
+    assert all(a.suggestion.change_id is None for a in alerts)
+    later = p.process([change]).alerts
+    assert [a.suggestion.change_id for a in later] == ["chg-1"]
+    assert {a.id for a in later} <= {a.id for a in alerts}
