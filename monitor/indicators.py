@@ -74,6 +74,9 @@ LOAD_FOLLOWING = frozenset({"temp_c", "power_w", "device_mfu"})
 # What a thermal throttle follows: the die's temperature, which climbs over the cooling's
 # time constant (tens of seconds to minutes) before the clock steps down.
 HEAT = frozenset({"temp_c"})
+# What a device's clock moves: its own efficiency (a faster core spends a larger share of its
+# time waiting on memory), not its answers or a collective's waits.
+CLOCK_BOUND = frozenset({"mfu", "stall_frac", "device_mfu"})
 # Direction that counts as a regression (+1 up is bad, -1 down is bad).
 BAD_DIRECTION: dict[str, int] = {
     "mfu": -1, "device_mfu": -1, "stall_frac": +1, "occupancy": -1, "sram_hit": -1,

@@ -21,6 +21,7 @@ from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import LEAD_WINDOWS, OVERLOAD_RATIO, ChangePoint, Incident
 from monitor.core.coverage import not_judged
 from monitor.indicators import (
+    CLOCK_BOUND,
     COMM_LAYERS,
     COMPLEMENT,
     DEVICE_METRICS,
@@ -540,10 +541,6 @@ def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]
         for (_, metric, layer), pts in inc.supporting().items()
         if metric not in QUEUEING | LOAD_FOLLOWING | LOAD_METRICS
     }
-
-
-# What a device's clock moves: its own efficiency, not its answers or a collective's waits.
-CLOCK_BOUND = frozenset({"mfu", "stall_frac", "device_mfu"})
 
 
 def _hardware_fault(moved: set[str]) -> bool:
