@@ -78,18 +78,30 @@ def _pool_slowdown(onset: float, clock: bool) -> list[ChangePoint]:
     return pts
 
 
-def _run(clock: bool) -> tuple[list[str], list[str]]:
-    """Ids of the first pages, and of every firing record after the pool's slowdown."""
-    corr, life = Correlator(), _lifecycle()
-    counts = {(POOL, MODEL): 8}
-    hosts = {"n7": 8}
+def _page_then(
+    first_pts: list[ChangePoint], later_pts: list[ChangePoint], later: float,
+    changes: tuple[ChangeEvent, ...] = (),
+) -> tuple[list[str], list[str]]:  # fmt: skip
+    """Ids of the first pages of `first_pts`, and of every firing record once `later_pts`
+    (at `later`) came in; `changes` known to the advisor from the start."""
+    corr, adv = Correlator(), Advisor()
+    for c in changes:
+        adv.add_change(c)
+    life = AlertLifecycle(AlertSettings(), adv)
+    corr.new_cause = adv.new_cause
+    counts, hosts = {(POOL, MODEL): 8}, {"n7": 8}
     now = T0 + 20 * W
-    corr.add(_hot_device(clock=True), now, counts)
+    corr.add(first_pts, now, counts)
     first = [a.id for a in life.due(corr.incidents, now, counts, hosts)]
-    later = T0 + 200 * W
-    corr.add(_pool_slowdown(later, clock), later + 3 * W, counts)
+    corr.add(later_pts, later + 3 * W, counts)
     after = life.due(corr.incidents, later + 4 * W, counts, hosts)
     return first, [a.id for a in after if a.status == "firing"]
+
+
+def _run(clock: bool) -> tuple[list[str], list[str]]:
+    """Ids of the first pages, and of every firing record after the pool's slowdown."""
+    later = T0 + 200 * W
+    return _page_then(_hot_device(clock=True), _pool_slowdown(later, clock), later)
 
 
 def test_a_pool_slowed_by_a_paged_throttle_does_not_page_again() -> None:
@@ -158,24 +170,12 @@ def _cycling(onset: float, devices: list[str]) -> list[ChangePoint]:
 def _after_throttle(devices: list[str], changes: tuple[ChangeEvent, ...] = ()) -> tuple[
     list[str], list[str]
 ]:  # fmt: skip
-    """Ids of the throttle's first pages, and of the firing records after `_cycling`."""
-    corr, adv = Correlator(), Advisor()
-    for c in changes:
-        adv.add_change(c)
-    life = AlertLifecycle(AlertSettings(), adv)
-    corr.new_cause = adv.new_cause
-    counts, hosts = {(POOL, MODEL): 8}, {"n7": 8}
-    second = "n7/gpu2"
-    pts = _hot_device(clock=True) + [
-        dataclasses.replace(p, device=second) for p in _hot_device(clock=True)
-    ]
-    now = T0 + 20 * W
-    corr.add(pts, now, counts)
-    first = [a.id for a in life.due(corr.incidents, now, counts, hosts)]
+    """Ids of a two-device throttle's first pages, and of the firing records after
+    `_cycling` on `devices`."""
+    throttle = _hot_device(clock=True)
+    throttle += [dataclasses.replace(p, device="n7/gpu2") for p in throttle]
     later = T0 + 1400 * W
-    corr.add(_cycling(later, devices), later + 3 * W, counts)
-    after = life.due(corr.incidents, later + 4 * W, counts, hosts)
-    return first, [a.id for a in after if a.status == "firing"]
+    return _page_then(throttle, _cycling(later, devices), later, changes)
 
 
 def test_a_throttled_devices_efficiency_moving_again_does_not_page_again() -> None:
@@ -188,8 +188,8 @@ def test_a_throttled_devices_efficiency_moving_again_does_not_page_again() -> No
 
 
 def test_a_move_mostly_off_the_throttled_devices_or_with_its_own_change_pages() -> None:
-    """Mostly on other devices, or with a scheduler change landed since the throttle, the
-    same move (a driver rolled out since) is judged on its own and pages under a new id."""
+    """Mostly on other devices, or with a driver change landed since the throttle, the same
+    move is judged on its own and pages under a new id."""
     first, after = _after_throttle([HOT, "n7/gpu3", "n7/gpu4", "n7/gpu5"])
     assert set(after) - set(first)
     chg = ChangeEvent(
