@@ -69,14 +69,19 @@ def test_queueing_without_a_request_rate_rise_is_still_capacity() -> None:
     assert "capacity" in alert.summary
 
 
+def _moved(metric: str, before: float, after: float, k: int = 8, *, layer: str | None = None,
+           onset: float = T0) -> list[ChangePoint]:  # fmt: skip
+    """The same move of one metric (on one layer) on the first `k` of `_incident`'s devices."""
+    return [
+        dataclasses.replace(_pt(f"h{i}/gpu0", metric, before, after, onset), layer=layer)
+        for i in range(k)
+    ]
+
+
 def _overload_with_collective_waits(req_after: float):
     """Queueing on all 8 devices, and an expert all-to-all's waits up on 2 of them."""
     inc = _incident(req_after)
-    waits = [
-        dataclasses.replace(_pt(f"h{i}/gpu0", "sync_frac", 0.22, 0.41, T0 + W), layer="allreduce")
-        for i in range(2)
-    ]
-    inc.evidence.extend(waits)
+    inc.evidence += _moved("sync_frac", 0.22, 0.41, 2, layer="allreduce", onset=T0 + W)
     return inc
 
 
@@ -145,7 +150,7 @@ def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:
 
     def headed_by_device_mfu(req_after: float):
         inc = _incident(req_after=req_after)
-        inc.points += [_pt(f"h{i}/gpu0", "device_mfu", 0.5, 0.41, T0) for i in range(8)]
+        inc.points += _moved("device_mfu", 0.5, 0.41)
         return inc
 
     inc = headed_by_device_mfu(220.0)
@@ -156,7 +161,7 @@ def test_an_overload_incident_headed_by_device_mfu_is_still_overload() -> None:
     assert alert.severity == "info"
     # A per-layer metric moving with it is a mechanism: no longer overload.
     inc = headed_by_device_mfu(101.0)
-    inc.evidence += [_pt(f"h{i}/gpu0", "mfu", 0.5, 0.4, T0) for i in range(8)]
+    inc.evidence += _moved("mfu", 0.5, 0.4)
     assert _render(inc).bottleneck != "overload"
 
 
@@ -200,10 +205,7 @@ def test_collective_waits_headlining_an_overload_stay_overload() -> None:
 
     def headed_by_waits(req_after: float):
         inc = _incident(req_after)
-        inc.points += [
-            dataclasses.replace(_pt(f"h{i}/gpu0", "sync_frac", 0.37, 0.62, T0), layer="allreduce")
-            for i in range(8)
-        ]
+        inc.points += _moved("sync_frac", 0.37, 0.62, layer="allreduce")
         return inc
 
     inc = headed_by_waits(190.0)
@@ -220,10 +222,7 @@ def test_collective_waits_headlining_an_overload_stay_overload() -> None:
 def _overload_with_efficiency_on(k: int, req_after: float = 180.0):
     """Queueing on all 8 devices at a burst, and the conv layer's MFU down on `k` of them."""
     inc = _incident(req_after)
-    inc.evidence += [
-        dataclasses.replace(_pt(f"h{i}/gpu0", "mfu", 0.89, 0.55, T0), layer="conv")
-        for i in range(k)
-    ]
+    inc.evidence += _moved("mfu", 0.89, 0.55, k, layer="conv")
     return inc
 
 
