@@ -468,7 +468,7 @@ def test_default_values_load_into_settings(
 
 # From `python -m bench.memory` (docs/benchmarks.md#memory): the process, RSS per layer
 # stream held (the top of the measured range), one partition's checkpoint in flight.
-BASELINE_BYTES, STREAM_BYTES, CHECKPOINT_BYTES_PER_STREAM = 190 * 2**20, 6_500, 8_000
+BASELINE_BYTES, STREAM_BYTES, CHECKPOINT_BYTES_PER_STREAM = 190 * 2**20, 3_900, 8_000
 
 
 def test_the_memory_limit_holds_the_stream_caps(rendered: dict[str, list[Manifest]]) -> None:
