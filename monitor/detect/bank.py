@@ -418,6 +418,7 @@ class BankCusum:
         s["n"][sel] = n_new
         xl = self._ring_step(sel, x, t, holes, here)
         burn = holes
+        relearn = None
         if int(n_new.min()) <= self.cfg.burn_in:
             # Cells still burning in ride along with z = 0 and no baseline update, so the
             # wave keeps its fast layout; those completing burn-in get their baseline now.
@@ -428,9 +429,14 @@ class BankCusum:
             if done.size:
                 self._baseline(_cells_of(sel)[done])
             burning_at = np.flatnonzero(burning)
+            if self.cfg.jump > 0 and burning_at.size:
+                # Cells re-learning their level after an alarm keep their scale: the jump
+                # rule can watch them meanwhile (`_relearning_jumps`).
+                known = _get(s["ns"], sel)[burning_at] >= _JUMP_AFTER
+                relearn = burning_at[known] if known.any() else None
             # Disjoint from the absent cells (masked above), so a plain concatenation.
             burn = burning_at if burn is None else np.concatenate([burn, burning_at])
-        return self._active(sel, x, t, xl, n_new, burn)
+        return self._active(sel, x, t, xl, n_new, burn, relearn)
 
     def _ring_step(
         self, sel: slice | I64, x: F64, t: F64, holes: I64 | None, here: _Mask | None
@@ -506,9 +512,18 @@ class BankCusum:
         self._times.take(rows, present, cpos, t[starts])
 
     def _active(
-        self, sel: slice | I64, x: F64, t: F64, xl: F64, n: I32, burn: I64 | None
+        self,
+        sel: slice | I64,
+        x: F64,
+        t: F64,
+        xl: F64,
+        n: I32,
+        burn: I64 | None,
+        relearn: I64 | None = None,
     ) -> Detections:
-        """Front-end, bank and lagged baseline for one wave's cells; then its alarms."""
+        """Front-end, bank and lagged baseline for one wave's cells; then its alarms.
+
+        `relearn`: positions of cells re-learning their level after an alarm."""
         v = _Cells(self._s, sel, x.size, burn, self._split)
         arma = self._arma_cells(v)
         dz, marg = self._deviations(v, x, arma)
@@ -518,6 +533,8 @@ class BankCusum:
         bank, run, fire, idle = self._bank_step(v, z)
         self._lagged_update(v, xl, marg, run, idle, arma)
         v.scatter()
+        if relearn is not None:
+            jumped = self._relearning_jumps(sel, x, marg, relearn, jumped)
         if jumped is None and not fire:
             return Detections.empty()
         stat = bank.max(axis=0)
@@ -595,6 +612,54 @@ class BankCusum:
         np.abs(new, out=new)
         reached = new >= np.float32(self.cfg.jump_windows)
         return reached if bool(reached.any()) else None
+
+    def _relearning_jumps(
+        self, sel: slice | I64, x: F64, marg: F32, at: I64, jumped: _Mask | None
+    ) -> _Mask | None:
+        """The jump rule for cells re-learning their level after an alarm (`at`: positions
+        in the wave), against the median of the samples they have since and the level
+        before the alarm: `jumped` with those whose run reached `jump_windows` added (their
+        level set to that median).
+
+        A re-baseline waits `burn_in` samples for a level, but the scale and AR it keeps
+        are still the cell's: a run of windows far beyond every sample since the alarm is a
+        change whatever the exact level. Without it a cell is blind for minutes after each
+        alarm: a cooling fault that began soon after a burst's end heated its die by 40 °C
+        unseen until the re-baseline was done, and was dated from then.
+        """
+        s = self._s
+        cells = _cells_of(sel)[at]
+        scale = marg[at] / s["sig"][cells]
+        j32 = np.float32(self.cfg.jump)
+        # Beyond the level before the alarm too (still `mu` while re-learning): the way
+        # back from a transient that alarmed (a burst's end, a shock's decay) is no change.
+        # Only those are worth a median of their samples.
+        was = (scale * (x[at] - s["mu"][cells])).astype(np.float32)
+        far = np.flatnonzero(np.abs(was) > j32)
+        m = np.zeros(cells.size, dtype=np.float32)
+        level = np.full(cells.size, np.nan)
+        if far.size:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # no samples yet: NaN
+                level[far] = np.nanmedian(self._chrono_values(cells[far]), axis=1)
+            m[far] = np.nan_to_num(scale[far] * (x[at][far] - level[far]), nan=0.0)
+        jr, jm, phi = s["jr"][cells], s["jm"][cells], s["phi"][cells]
+        new = np.zeros(m.size, dtype=np.float32)
+        for side, on in ((1.0, (m > j32) & (was > j32)), (-1.0, (m < -j32) & (was < -j32))):
+            sgn = np.float32(side)
+            run = jr * sgn
+            fresh = (m - phi * jm) * sgn
+            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - phi) * np.float32(0.5))
+            new = np.where(on, np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn, new)
+        s["jr"][cells] = new
+        s["jm"][cells] = m
+        reached = np.abs(new) >= np.float32(self.cfg.jump_windows)
+        if not reached.any():
+            return jumped
+        s["mu"][cells[reached]] = level[reached]
+        out = np.zeros(x.size, dtype=np.bool_) if jumped is None else jumped
+        out[at[reached]] = True
+        return out
 
     def _innovations(self, v: _Cells, dz: F32, arma: _Arma) -> F32:
         """The whitened, clipped innovations z; the deviations become `dprev`.

@@ -111,8 +111,28 @@ class BankReference:
         if self.n <= self.burn_in:
             if self.n == self.burn_in:
                 self._baseline()
+            elif self.ns >= 128 and self.jump > 0:
+                return self._relearning(t, x)
             return None
         return self._active(t, x, leaving)
+
+    def _relearning(self, t: float, x: float) -> RefHit | None:
+        """Re-learning its level after an alarm: the jump rule against the median of the
+        samples since and the level before, with the scale it keeps."""
+        level = float(np.median([v for _, v in self.ring if math.isfinite(v)]))
+        marg = 1 / math.sqrt(max(self.c0, 1e-12)) if self.theta > 0 else math.sqrt(1 - self.phi**2)
+        marginal = (x - level) / self.sig * marg
+        was = (x - self.mu) / self.sig * marg  # and beyond the level before the alarm
+        if marginal > self.jump and was > self.jump:
+            self.jr = max(self.jr, 0) + 1
+        elif marginal < -self.jump and was < -self.jump:
+            self.jr = min(self.jr, 0) - 1
+        else:
+            self.jr = 0
+        if abs(self.jr) < self.jump_windows:
+            return None
+        self.mu = level
+        return self._alarm(t)
 
     def _active(self, t: float, x: float, xl: float) -> RefHit | None:
         c = self.clip

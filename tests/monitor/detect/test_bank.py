@@ -630,6 +630,41 @@ def test_rebaselines_after_a_detection() -> None:
         assert np.allclose(hits.after[mine], [1.2, 1.1], atol=0.03)  # median of a few samples
 
 
+def test_a_change_soon_after_an_alarm_is_found_while_the_level_is_relearnt() -> None:
+    """After an alarm a cell waits `burn_in` samples for its new level; its scale and AR
+    are still its own, so a run of windows far beyond every sample since (and beyond the
+    level before) alarms meanwhile. A die that starts heating 12 windows after a burst's
+    end was otherwise seen only once the re-baseline was done, and dated from then."""
+    rng = np.random.default_rng(9)
+    n, t_len = 64, 400
+    x = 10.0 + rng.standard_normal((t_len, n, 1))
+    x[300:, :, 0] -= 5.0  # the first change: an alarm, then a re-baseline
+    x[312:, :, 0] += 30.0 + 3.0 * np.arange(t_len - 312)[:, None].clip(max=10)  # a ramp
+    hits = feed(BankCusum(1, min_rel_change=0.0), x)
+    second = hits.detected_ts >= WINDOW * 312
+    rows, first = np.unique(hits.rows[second], return_index=True)
+    assert rows.size == n
+    delay = hits.detected_ts[second][first] / WINDOW - 311
+    onset = hits.onset_ts[second][first] / WINDOW - 311
+    assert np.all(delay <= 4)  # the jump rule's 3 windows; `burn_in` would need 20 more
+    assert np.all(np.abs(onset) <= 1)
+    assert np.all(hits.after[second][first] > hits.before[second][first])
+
+
+def test_the_way_back_from_a_transient_is_no_change_while_the_level_is_relearnt() -> None:
+    """A burst that alarmed at its start and ends while the level is re-learnt: the way
+    back lies beyond the burst's samples but not beyond the level before the alarm, so it
+    is no change (one alarm per stream, none at the end)."""
+    rng = np.random.default_rng(10)
+    n, t_len = 64, 420
+    x = 10.0 + rng.standard_normal((t_len, n, 1))
+    x[300:310, :, 0] += 12.0
+    hits = feed(BankCusum(1, min_rel_change=0.0), x)
+    late = hits.detected_ts >= WINDOW * 300
+    assert np.bincount(hits.rows[late], minlength=n).max() == 1
+    assert np.all(hits.after[late] > hits.before[late])
+
+
 def test_small_significant_shift_rebaselines_silently() -> None:
     """Below min_rel_change a significant shift is absorbed without a detection."""
     rng = np.random.default_rng(2)
@@ -839,6 +874,8 @@ def _scenario(seed: int) -> np.ndarray:
     x[560:, 3] -= 10.0
     x[:, 4] = 20.0 + 0.5 * ar1(rng, (T, 1), 0.6)[:, 0]
     x[400:, 4] += 6.0
+    x[300:, 5] -= 6.0  # and a jump while the level after a step is re-learnt
+    x[312:, 5] += 16.0
     x[rng.random((T, n)) < 0.05] = np.nan
     return x
 
