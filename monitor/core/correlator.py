@@ -230,7 +230,9 @@ class Incident:
         Only the incident's own devices count, only changes that began at most
         `LEAD_WINDOWS` before its onset (causes precede effects, but not by much),
         and only indicators that moved on enough of those devices: one noisy
-        device must not decide where a pool-wide incident started.
+        device must not decide where a pool-wide incident started. The primary
+        metric supports it whatever its share: it is what the incident is about (fixed
+        at its first page, it can be a minority of devices the incident grew to).
         """
         devices = self.devices
         onset = self.onset_ts
@@ -253,7 +255,10 @@ class Incident:
             ):
                 groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
         need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
-        return {k: v for k, v in groups.items() if len({p.device for p in v}) >= need}
+        primary = self.primary_metric
+        return {
+            k: v for k, v in groups.items() if k[1] == primary or len({p.device for p in v}) >= need
+        }
 
     def load_ratio(self) -> float:
         """Offered load at the onset vs the pool's recent level (1.0 when it did not shift).

@@ -518,17 +518,22 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     A collective's waits follow the traffic (`Incident.confirmed_at`). A mechanism seen on
     fewer than half as many devices as the incident covers (the rule that picks its
     primary metric) cannot be why all of them queue: the load is, and that mechanism, if
-    real, is an incident of its own. One seen on the pool aggregate is pool-wide.
+    real, is an incident of its own. One seen on the pool aggregate is pool-wide. Nor can
+    one whose median onset is more than `LEAD_WINDOWS` after the incident's: a cause
+    comes first, as a change must to explain a queue (`render`).
     """
     n = len(inc.devices)
+    latest = inc.onset_ts + LEAD_WINDOWS * inc.window_s
     return {
         metric
         for (_, metric, _), pts in support.items()
         if metric != "sync_frac"
         and (
             metric in QUEUEING | LOAD_FOLLOWING
-            or any(p.is_aggregate for p in pts)
-            or 2 * len({p.device for p in pts}) >= n
+            or (
+                median(p.onset_ts for p in pts) <= latest
+                and (any(p.is_aggregate for p in pts) or 2 * len({p.device for p in pts}) >= n)
+            )
         )
     }
 

@@ -240,3 +240,31 @@ def test_an_efficiency_move_on_half_the_devices_is_a_mechanism() -> None:
     flat, the same MFU drop is the mechanism and the incident is no overload."""
     assert _render(_overload_with_efficiency_on(4)).bottleneck != "overload"
     assert _render(_overload_with_efficiency_on(2, req_after=101.0)).bottleneck != "overload"
+
+
+def test_a_mechanism_that_began_well_after_an_overloads_queue_does_not_explain_it() -> None:
+    """Queueing at a burst, and 21 windows later MLP's stall share up on every device: what
+    began after the queue cannot be why it grew (a cause comes first, as a change must to
+    explain a queue). It made a burst's capacity record a pool page at stage `execution`
+    (`fleet_day`, seed 25). Within `LEAD_WINDOWS` of the queue it is the mechanism."""
+    late = _incident(180.0)
+    late.evidence += _moved("stall_frac", 0.40, 0.44, layer="mlp", onset=T0 + 21 * W)
+    alert = _render(late)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    assert alert.first_failing_stage == "ingress"
+    soon = _incident(180.0)
+    soon.evidence += _moved("stall_frac", 0.40, 0.52, layer="mlp", onset=T0)
+    assert _render(soon).bottleneck != "overload"
+
+
+def test_the_primary_metric_supports_its_incident_on_however_few_devices() -> None:
+    """An incident is about its primary metric, fixed at its first page, even once other
+    indicators moved on more of the devices it grew to: its stage counts among the
+    stages that moved (here ingress, first), not only theirs."""
+    inc = _incident(180.0, n=1)
+    inc.metric = "queue_wait_ms"  # paged while it held one device
+    inc.points += _moved("stall_frac", 0.40, 0.44, layer="mlp", onset=T0 + 21 * W)
+    assert len(inc.devices) == 8
+    assert ("ingress", "queue_wait_ms", None) in inc.supporting()
+    assert inc.first_failing_stage() == "ingress"
