@@ -84,6 +84,23 @@ def _cells_of(sel: slice | I64) -> I64:
 _Mask = npt.NDArray[np.bool_]
 
 
+def _jump_steps(m: F32, jr: F32, jm: F32, phi: F32, j32: np.float32, up: _Mask, down: _Mask) -> F32:
+    """The jump rule's signed runs after this window: runs beyond the bound (`up`, `down`)
+    extend by one where the window is no mere decay of the last one, else restart at one;
+    every other run is 0. Windows beyond the bound are rare: only those are touched."""
+    new = np.zeros(m.size, dtype=np.float32)
+    for side, at in ((1.0, np.flatnonzero(up)), (-1.0, np.flatnonzero(down))):
+        if not at.size:
+            continue
+        sgn = np.float32(side)
+        p_at, run = phi[at], jr[at] * sgn
+        # The innovation of this window in marginal sigmas, towards the run's side.
+        fresh = (m[at] - p_at * jm[at]) * sgn
+        grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
+        new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
+    return new
+
+
 class _Cells:
     """One wave's cells of the per-cell state, by name: views into it for a contiguous
     block of cells, gathered copies for scattered cells, which `scatter` writes back
@@ -592,17 +609,7 @@ class BankCusum:
         jr, jm, phi, ns = v["jr"], v["jm"], v["phi"], v["ns"]
         m = marg * dz
         j32 = np.float32(self.cfg.jump)
-        # Windows beyond the bound are rare: extend those runs; every other run is +0.
-        new = np.zeros(m.size, dtype=np.float32)
-        for side, at in ((1.0, np.flatnonzero(m > j32)), (-1.0, np.flatnonzero(m < -j32))):
-            if not at.size:
-                continue
-            sgn = np.float32(side)
-            p_at, run = phi[at], jr[at] * sgn
-            # The innovation of this window in marginal sigmas, towards the run's side.
-            fresh = (m[at] - p_at * jm[at]) * sgn
-            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - p_at) * np.float32(0.5))
-            new[at] = np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn
+        new = _jump_steps(m, jr, jm, phi, j32, m > j32, m < -j32)
         if v.ns_min < _JUMP_AFTER:
             new *= ns >= _JUMP_AFTER  # a scale from a few dozen samples can be far too small
         if v.burn is not None:
@@ -644,13 +651,8 @@ class BankCusum:
                 level[far] = np.nanmedian(self._chrono_values(cells[far]), axis=1)
             m[far] = np.nan_to_num(scale[far] * (x[at][far] - level[far]), nan=0.0)
         jr, jm, phi = s["jr"][cells], s["jm"][cells], s["phi"][cells]
-        new = np.zeros(m.size, dtype=np.float32)
-        for side, on in ((1.0, (m > j32) & (was > j32)), (-1.0, (m < -j32) & (was < -j32))):
-            sgn = np.float32(side)
-            run = jr * sgn
-            fresh = (m - phi * jm) * sgn
-            grows = (run > 0) & (fresh > j32 * (np.float32(1.0) - phi) * np.float32(0.5))
-            new = np.where(on, np.where(grows, run + np.float32(1.0), np.float32(1.0)) * sgn, new)
+        up, down = (m > j32) & (was > j32), (m < -j32) & (was < -j32)
+        new = _jump_steps(m, jr, jm, phi, j32, up, down)
         s["jr"][cells] = new
         s["jm"][cells] = m
         reached = np.abs(new) >= np.float32(self.cfg.jump_windows)
