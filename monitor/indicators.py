@@ -39,18 +39,22 @@ STAGE_OF: dict[str, Stage] = {
 # A communication layer (a collective) does no model FLOPs: its MFU (~1e-5) means nothing,
 # its efficiency is the share of its time spent waiting (sync fraction), which is primary
 # there and only there (`is_primary`).
+# A device's temperature heads an incident only when nothing that heats it explains its
+# rise (`correlator.Correlator.add`): the cooling failed, before anything throttles.
 PRIMARY_ORDER: tuple[str, ...] = (
     "mfu", "stall_frac", "sync_frac", "device_mfu", "quality", "lat_p99_ms", "queue_wait_ms",
+    "temp_c",
 )  # fmt: skip
 PRIMARY_METRICS = frozenset(PRIMARY_ORDER)
 COMM_LAYERS = frozenset({"allreduce"})
 
 
 def is_primary(metric: str, layer: str | None) -> bool:
-    """Whether a change of this metric on this layer can open an incident."""
+    """Whether a change of this metric on this layer opens an incident as soon as it is
+    found (heat waits to be judged against what heats the device, `HEAT`)."""
     if metric == "sync_frac":
         return layer in COMM_LAYERS
-    return metric in PRIMARY_METRICS
+    return metric in PRIMARY_METRICS and metric not in HEAT
 
 
 # Evidence that independently corroborates a change on the same device: a second
@@ -74,6 +78,12 @@ LOAD_FOLLOWING = frozenset({"temp_c", "power_w", "device_mfu"})
 # What a thermal throttle follows: the die's temperature, which climbs over the cooling's
 # time constant (tens of seconds to minutes) before the clock steps down.
 HEAT = frozenset({"temp_c"})
+# What heats a die: the power it draws, and the offered load that makes it draw more.
+# At steady state a die sits at inlet + R * power (R: the cooling's thermal resistance),
+# so with the cooling unchanged its temperature rises only when power does (or, later,
+# by its time constant, after power did). A rise that none of these explains is the
+# cooling's: a failing fan or blocked airflow, found before anything throttles.
+HEAT_SOURCES = frozenset({"power_w", "req_rate"})
 # What a device's clock moves: its own efficiency (a faster core spends a larger share of its
 # time waiting on memory), not its answers or a collective's waits.
 CLOCK_BOUND = frozenset({"mfu", "stall_frac", "device_mfu"})

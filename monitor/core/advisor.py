@@ -42,6 +42,7 @@ _MOVED_CLASS: tuple[tuple[frozenset[str], str], ...] = (
     (frozenset({"clock_mhz"}), "thermal_power"),
     (frozenset({"occupancy", "stall_frac"}), "memory_locality"),
     (frozenset({"lat_p95_ms", "lat_p99_ms", "queue_wait_ms"}), "contention"),
+    (frozenset({"temp_c"}), "thermal_power"),  # heat no power explains: the cooling
 )
 
 

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Literal
 
+from monitor.core.coverage import BIT
 from monitor.indicators import (
     BAD_DIRECTION,
     CORROBORATING,
     HEAT,
+    HEAT_SOURCES,
     LOAD_FOLLOWING,
     LOAD_METRICS,
     PRIMARY_ORDER,
@@ -28,6 +30,7 @@ from monitor.indicators import (
 from monitor.wire import STAGES, ScopeLevel, Stage
 
 IncidentStatus = Literal["open", "resolved"]
+_POWER_FIELD = BIT["power_w"]
 
 # How far before an incident's onset a cause may show (windows), and on what share of
 # the incident's devices an indicator must move to count as its evidence.
@@ -326,9 +329,13 @@ class Incident:
         "Enough devices" also means a real share of the pool, or most of the devices of
         some hosts (a bad host, a partial rollout): a handful scattered over the pool,
         or a third of one host, is what correlated noise looks like.
+        Heat that nothing heating its device explains (`Correlator._cooling`) is two
+        physical indicators already, temperature against power: sure once judged so.
         """
         sizes = host_sizes or {}
         points = self.primary_points()
+        if self.primary_metric in HEAT:
+            return min(p.detected_ts for p in points)
         first_seen: dict[str, tuple[float, str | None]] = {}
         for p in sorted(points, key=lambda q: q.detected_ts):
             first_seen.setdefault(p.device, (p.detected_ts, p.host))
@@ -425,6 +432,9 @@ class Correlator:
         self.group_window_s = group_window_s
         self.incidents: list[Incident] = []
         self.recent: list[ChangePoint] = []  # non-primary evidence waiting for an incident
+        # Event time up to which heat in `recent` has been judged (`_cooling`); a restored
+        # correlator judges what it holds again (a rise already in an incident is skipped).
+        self.judged_to = -math.inf
         # Whether a point has a change of its own after an incident's onset (the advisor's
         # `new_cause`): then it opens its own incident instead of joining that one.
         self.new_cause: Callable[[Incident, ChangePoint], bool] | None = None
@@ -450,6 +460,10 @@ class Correlator:
         for e in (p for p in points if not opens(p)):
             for inc in self._file(e):
                 touched[id(inc)] = inc
+        for p in self._cooling(now_ts):
+            inc = self._home(p, sizes.get((p.pool, p.model), 0))
+            inc.points.append(p)
+            touched[id(inc)] = inc
         for inc in self.incidents:
             if inc.status == "open":
                 inc.pool_size = max(inc.pool_size, sizes.get((inc.pool, inc.model), 0))
@@ -457,10 +471,50 @@ class Correlator:
         self.recent = [e for e in self.recent if e.detected_ts >= horizon]
         return list(touched.values())
 
+    def _cooling(self, now_ts: float) -> list[ChangePoint]:
+        """Device temperature rises that nothing heating the device explains, each judged
+        once, `LEAD_WINDOWS` after it was found (what heats it shows by then).
+
+        Heat follows power (`HEAT_SOURCES`): a rise of the device's power, or of the
+        offered load on it or on its pool, from a grouping window before the rise (the
+        cooling's time constant) to two windows after it, explains it; with none, the
+        cooling got worse, and the rise opens (or joins) an incident of its own.
+        """
+        lead = LEAD_WINDOWS
+        since, self.judged_to = self.judged_to, now_ts
+        # Only on devices that report their power: without it nothing tells heat that
+        # follows work from the cooling's.
+        ripe = [
+            p for p in self.recent
+            if p.metric in HEAT and not p.is_aggregate and p.is_regression
+            and p.fields >= 0 and p.fields & _POWER_FIELD
+            and since < p.detected_ts + lead * p.window_s <= now_ts
+        ]  # fmt: skip
+        if not ripe:
+            return []
+        sources: dict[str | None, list[ChangePoint]] = {}
+        for q in self.recent:
+            if q.metric in HEAT_SOURCES and q.after > q.before:
+                sources.setdefault(q.pool, []).append(q)
+        homed = {
+            (p.device, p.onset_ts) for i in self.incidents for p in i.points if p.metric in HEAT
+        }
+        out: list[ChangePoint] = []
+        for p in ripe:
+            lo, hi = p.onset_ts - self.group_window_s, p.onset_ts + 2 * p.window_s
+            explained = any(
+                (q.device == p.device or q.is_aggregate) and lo <= q.onset_ts <= hi
+                for q in sources.get(p.pool, ())
+            )
+            if not explained and (p.device, p.onset_ts) not in homed:
+                # Known for a cooling fault once judged, not when the rise was found.
+                out.append(replace(p, detected_ts=p.detected_ts + lead * p.window_s))
+        return out
+
     def _home(self, p: ChangePoint, pool_size: int) -> Incident:
         """The incident a regression of a primary metric joins, or a new one it opens (which
         takes in the recent evidence that fits it)."""
-        inc = self._match(p, pool_size)
+        inc = self._heat_match(p) if p.metric in HEAT else self._match(p, pool_size)
         if inc is None:
             inc = Incident(
                 p.pool, p.model, p.onset_ts, p.detected_ts, p.window_s, self.group_window_s
@@ -497,6 +551,18 @@ class Correlator:
 
     def _own_cause(self, inc: Incident, p: ChangePoint) -> bool:
         return self.new_cause is not None and self.new_cause(inc, p)
+
+    def _heat_match(self, p: ChangePoint) -> Incident | None:
+        """A cooling fault joins what its own device shows (a throttle found first) or the
+        same cooling failing on other devices; not an incident of another mechanism."""
+        for inc in self.incidents:
+            if (
+                inc.status == "open"
+                and self._fits(inc, p)
+                and (p.device in inc.devices or inc.primary_metric in HEAT)
+            ):
+                return inc
+        return None
 
     def _match(self, p: ChangePoint, pool_size: int) -> Incident | None:
         # A paged incident that has not resolved is still going on: its metric on the

@@ -25,6 +25,7 @@ from monitor.indicators import (
     COMM_LAYERS,
     COMPLEMENT,
     DEVICE_METRICS,
+    HEAT,
     LAYER_METRICS,
     LOAD_FOLLOWING,
     LOAD_METRICS,
@@ -245,7 +246,9 @@ class AlertLifecycle:
                 continue
             moved = {(metric, layer) for _, metric, layer in hw.supporting()}
             devices, hosts = hw.devices, hw.hosts
-            hardware = _hardware_fault({metric for metric, _ in moved})
+            # A cooling fault (heat no power explains) is hardware too: its devices
+            # throttling later is that fault going on, not a new mechanism.
+            hardware = hw.primary_metric in HEAT or _hardware_fault({m for m, _ in moved})
             if (
                 throttled
                 and hardware
@@ -418,8 +421,7 @@ class AlertLifecycle:
         """The alert record for an incident as it stands now."""
         metric = inc.primary_metric
         pts = inc.headline_points()
-        before = float(median(p.before for p in pts))
-        after = float(median(p.after for p in pts))
+        before, after = _spans(pts) if metric in HEAT else _medians(pts)
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
         support = inc.supporting()
@@ -452,6 +454,8 @@ class AlertLifecycle:
             # at the barrier for the host that is late, so the whole pool loses the time.
             share = 1.0
         sev = severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
+        if metric in HEAT:
+            sev = heat_severity(before, after, self.s.page_loss)
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev = "page"
         return Alert(
@@ -553,6 +557,35 @@ def _hardware_fault(moved: set[str]) -> bool:
     physical indicators agree, so even one device is a real fault (it does not heal, and
     the bounded step, cordoning it, is cheap), whatever its share of the pool."""
     return "clock_mhz" in moved and bool(moved & {"temp_c", "power_w"})
+
+
+def _medians(pts: list[ChangePoint]) -> tuple[float, float]:
+    """Levels before and after: the medians over the points."""
+    return float(median(p.before for p in pts)), float(median(p.after for p in pts))
+
+
+def _spans(pts: list[ChangePoint]) -> tuple[float, float]:
+    """Levels before and after a climb found in steps (heat rises over the cooling's time
+    constant): per device, before its first step and after its last; medians over them."""
+    first: dict[str, ChangePoint] = {}
+    last: dict[str, ChangePoint] = {}
+    for p in sorted(pts, key=lambda q: q.onset_ts):
+        first.setdefault(p.device, p)
+        last[p.device] = p
+    return (
+        float(median(p.before for p in first.values())),
+        float(median(p.after for p in last.values())),
+    )
+
+
+def heat_severity(before: float, after: float, page_loss: float) -> Severity:
+    """ticket or info for heat no power explains: at the same power a die sits at
+    inlet + R * power, so 1 - before/after (°C) is a lower bound on the share of its
+    cooling lost (the inlet is above 0 °C). Losing `page_loss` of it is worth a ticket;
+    it pages only once the clock steps down too (`_hardware_fault`): until then no work
+    is lost, whatever the share of the pool."""
+    lost = 1.0 - before / after if after > 0 else 0.0
+    return "ticket" if lost >= page_loss else "info"
 
 
 def guardrail(what: str, metric: str, before: float, s: AlertSettings) -> str:

@@ -142,3 +142,77 @@ def test_two_throttling_devices_page_on_physical_corroboration() -> None:
     assert last.bottleneck == "thermal_power"
     assert set(last.scope.devices) == {"node-000/gpu3", "node-001/gpu5"}
     assert last.first_failing_stage == "execution"
+
+
+def _heated(
+    windows: int, *, at: int, cooled: tuple[str, ...] = (), powered: tuple[str, ...] = (),
+    everyone: float = 1.0, powerless: bool = False, seed: int = 0,
+) -> list[list[RawMessage]]:  # fmt: skip
+    """16 training devices on two hosts whose dies follow first-order heat: each window
+    the temperature moves a sixth of the way to inlet (25 °C) + R * power. From `at`:
+    `cooled` devices' thermal resistance R is x1.4 (a failing fan: +18 °C at the same
+    power, clock and MFU as before); `powered` devices draw 30 % more power (their heat
+    follows it); every device draws `everyone` times its power (a heavier job).
+    `powerless`: the records carry no power."""
+    rng = np.random.default_rng(seed)
+    names = [f"node-{d // 8:03d}/gpu{d % 8}" for d in range(16)]
+    temp = dict.fromkeys(names, 25.0 + 0.07 * 650.0)
+    out = []
+    for w in range(windows):
+        ts = T0 + 10.0 * (w + 1)
+        batch = []
+        for d, name in enumerate(names):
+            late = w >= at
+            power = 650.0 * (1.3 if late and name in powered else 1.0) * (everyone if late else 1)
+            resistance = 0.07 * (1.4 if late and name in cooled else 1.0)
+            temp[name] += (1 - np.exp(-10.0 / 60.0)) * (25.0 + resistance * power - temp[name])
+            rec = window(name, ts, pool="train-a", mfu=0.45 * (1 + 0.02 * rng.standard_normal()),
+                         stall=0.3 * (1 + 0.02 * rng.standard_normal()))  # fmt: skip
+            rec["device_stats"] = {
+                "clock_mhz": 1755.0 * (1 + 0.002 * rng.standard_normal()),
+                "temp_c": temp[name] + 0.4 * rng.standard_normal(),
+                "power_w": power * (1 + 0.01 * rng.standard_normal()),
+            }
+            if powerless:
+                del rec["device_stats"]["power_w"]
+            batch.append(msg(rec, partition=d % 4))
+        out.append(batch)
+    return out
+
+
+def test_heat_that_no_power_explains_is_a_cooling_ticket() -> None:
+    """Two devices' cooling fails: +18 °C at the same power, nothing throttles yet. A
+    ticket on those devices, headed by temperature, thermal, stage execution, no rollback,
+    and no page (no work is lost yet)."""
+    cooled = ("node-000/gpu3", "node-001/gpu5")
+    alerts = _alerts(_heated(120, at=50, cooled=cooled))
+    heat = [a for a in alerts if a.status == "firing" and a.metric == "temp_c"]
+    assert heat, [(a.metric, a.severity, a.scope.devices) for a in alerts]
+    assert len({a.id for a in heat}) == 1
+    last = heat[-1]
+    assert set(last.scope.devices) == set(cooled)
+    assert last.severity == "ticket"
+    assert last.bottleneck == "thermal_power"
+    assert last.first_failing_stage == "execution"
+    assert last.suggestion.change_id is None
+    assert last.before < 72.0
+    assert last.after > 78.0
+    assert T0 + 10.0 * 49 <= last.onset_ts <= T0 + 10.0 * 56
+    assert [a for a in alerts if a.severity == "page"] == []
+
+
+def test_heat_that_follows_power_is_no_incident() -> None:
+    """The same climb where the devices draw 30 % more power, or where every device of
+    the pool does (a heavier job): heat follows power, so nothing about temperature."""
+    hot = ("node-000/gpu3", "node-001/gpu5")
+    for batches in (_heated(120, at=50, powered=hot), _heated(120, at=50, everyone=1.3)):
+        alerts = _alerts(batches)
+        assert [a for a in alerts if a.metric == "temp_c"] == []
+        assert [a for a in alerts if a.severity == "page"] == []
+
+
+def test_heat_is_not_judged_on_devices_that_do_not_report_power() -> None:
+    """Without power nothing tells heat that follows work from the cooling's: the same
+    failing fans on records without `power_w` head no incident."""
+    alerts = _alerts(_heated(120, at=50, cooled=("node-000/gpu3",), powerless=True))
+    assert [a for a in alerts if a.metric == "temp_c"] == []
