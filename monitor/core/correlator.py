@@ -477,10 +477,14 @@ class Correlator:
 
         Heat follows power (`HEAT_SOURCES`): a rise of the device's power, or of the
         offered load on it or on its pool, from a grouping window before the rise (the
-        cooling's time constant) to two windows after it, explains it; with none, the
-        cooling got worse, and the rise opens (or joins) an incident of its own.
+        cooling's time constant) to two windows after it, explains it. So does heat that
+        rose within a grouping window on the pool's devices of another host: traffic
+        reaches a pool's hosts alike, while a cooling fault is one board's or one
+        chassis's (and a burst that follows another within a detector's re-learning
+        shows as heat before its load shows as a change). With none, the cooling got
+        worse, and the rise opens (or joins) an incident of its own.
         """
-        lead = LEAD_WINDOWS
+        lead, span = LEAD_WINDOWS, self.group_window_s
         since, self.judged_to = self.judged_to, now_ts
         # Only on devices that report their power: without it nothing tells heat that
         # follows work from the cooling's.
@@ -493,18 +497,25 @@ class Correlator:
         if not ripe:
             return []
         sources: dict[str | None, list[ChangePoint]] = {}
+        heat: dict[str | None, list[ChangePoint]] = {}
         for q in self.recent:
             if q.metric in HEAT_SOURCES and q.after > q.before:
                 sources.setdefault(q.pool, []).append(q)
+            elif q.metric in HEAT and not q.is_aggregate and q.after > q.before:
+                heat.setdefault(q.pool, []).append(q)
         homed = {
             (p.device, p.onset_ts) for i in self.incidents for p in i.points if p.metric in HEAT
         }
         out: list[ChangePoint] = []
         for p in ripe:
             lo, hi = p.onset_ts - self.group_window_s, p.onset_ts + 2 * p.window_s
+            chassis = p.host or p.device
             explained = any(
                 (q.device == p.device or q.is_aggregate) and lo <= q.onset_ts <= hi
                 for q in sources.get(p.pool, ())
+            ) or any(
+                (q.host or q.device) != chassis and abs(q.onset_ts - p.onset_ts) <= span
+                for q in heat.get(p.pool, ())
             )
             if not explained and (p.device, p.onset_ts) not in homed:
                 # Known for a cooling fault once judged, not when the rise was found.

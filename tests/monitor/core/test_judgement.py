@@ -181,10 +181,10 @@ def _heated(
 
 
 def test_heat_that_no_power_explains_is_a_cooling_ticket() -> None:
-    """Two devices' cooling fails: +18 °C at the same power, nothing throttles yet. A
-    ticket on those devices, headed by temperature, thermal, stage execution, no rollback,
-    and no page (no work is lost yet)."""
-    cooled = ("node-000/gpu3", "node-001/gpu5")
+    """Two devices' cooling fails (one chassis): +18 °C at the same power, nothing
+    throttles yet. A ticket on those devices, headed by temperature, thermal, stage
+    execution, no rollback, and no page (no work is lost yet)."""
+    cooled = ("node-000/gpu3", "node-000/gpu5")
     alerts = _alerts(_heated(120, at=50, cooled=cooled))
     heat = [a for a in alerts if a.status == "firing" and a.metric == "temp_c"]
     assert heat, [(a.metric, a.severity, a.scope.devices) for a in alerts]
@@ -215,4 +215,12 @@ def test_heat_is_not_judged_on_devices_that_do_not_report_power() -> None:
     """Without power nothing tells heat that follows work from the cooling's: the same
     failing fans on records without `power_w` head no incident."""
     alerts = _alerts(_heated(120, at=50, cooled=("node-000/gpu3",), powerless=True))
+    assert [a for a in alerts if a.metric == "temp_c"] == []
+
+
+def test_heat_alike_on_two_hosts_is_the_pools_not_a_cooling_fault() -> None:
+    """The same rise on devices of both hosts at once, with no load or power change
+    seen: traffic reaches a pool's hosts alike (a burst whose rise its load streams did
+    not show as a change), while a cooling fault is one chassis's. No incident."""
+    alerts = _alerts(_heated(120, at=50, cooled=("node-000/gpu3", "node-001/gpu5")))
     assert [a for a in alerts if a.metric == "temp_c"] == []
