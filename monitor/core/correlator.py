@@ -476,7 +476,8 @@ class Correlator:
         once, `LEAD_WINDOWS` after it was found (what heats it shows by then).
 
         Heat follows power (`HEAT_SOURCES`): a rise of the device's power, or of the
-        offered load on it or on its pool, from a grouping window before the rise (the
+        offered load on any of its pool's devices (traffic reaches them alike; a device
+        re-learning its level may not show it), from a grouping window before the rise (the
         cooling's time constant) to two windows after it, explains it. So does heat that
         rose within a grouping window on the pool's devices of another host: traffic
         reaches a pool's hosts alike, while a cooling fault is one board's or one
@@ -511,7 +512,8 @@ class Correlator:
             lo, hi = p.onset_ts - self.group_window_s, p.onset_ts + 2 * p.window_s
             chassis = p.host or p.device
             explained = any(
-                (q.device == p.device or q.is_aggregate) and lo <= q.onset_ts <= hi
+                (q.device == p.device or q.is_aggregate or q.metric in LOAD_METRICS)
+                and lo <= q.onset_ts <= hi
                 for q in sources.get(p.pool, ())
             ) or any(
                 (q.host or q.device) != chassis and abs(q.onset_ts - p.onset_ts) <= span
