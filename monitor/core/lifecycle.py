@@ -24,6 +24,7 @@ from monitor.indicators import (
     CLOCK_BOUND,
     COMM_LAYERS,
     COMPLEMENT,
+    DEFAULT_MIN_REL_CHANGE,
     DEVICE_METRICS,
     HEAT,
     LAYER_METRICS,
@@ -390,12 +391,27 @@ class AlertLifecycle:
         # Recovery needs a step back on most devices, not a slow drift of the
         # expectation: a frozen load model extrapolating a new load range is no fix.
         stepped = len(st.recovered) * 2 >= len({p.device for p in inc.primary_points()})
+        # A throttle cycles (the clock steps back up as the die cools, and down as it
+        # heats): while the heat that drove it is still there, the fault is too.
+        heat = [
+            p for (_, m, _), pts in inc.supporting().items() if m in HEAT and m != metric
+            for p in pts if p.is_regression and not p.is_aggregate
+        ]  # fmt: skip
+        hot: dict[float, float] = {}
+        heat_bound = math.inf
+        if heat:
+            floor = MIN_REL_CHANGE.get("temp_c", DEFAULT_MIN_REL_CHANGE)
+            heat_bound = _spans(heat)[0] * (1 + floor)
+            hot = {t: v for t, v, _ in _window_levels(inc, views, "temp_c", heat)}
         for t, raw, batch in _window_levels(inc, views):
             # A batch can reach back before the detection: judge only later windows.
             if t <= max(st.observed_ts, inc.detected_ts):
                 continue
             level = judged(metric, raw)
             st.observed_ts = t
+            if heat and not hot.get(t, math.inf) <= heat_bound:
+                st.healthy_windows = 0
+                continue
             if (level - before) * sign > tolerance(metric, self.s) * abs(before):
                 if math.isfinite(batch):
                     st.bad_loads = [*st.bad_loads[-63:], batch]
@@ -683,12 +699,18 @@ def _evidence(inc: Incident) -> list[Evidence]:
     return out
 
 
-def _window_levels(inc: Incident, views: list[NormView]) -> list[tuple[float, float, float]]:
-    """(window ts, mean normalised primary metric, mean batch) over the incident's streams."""
-    metric = inc.primary_metric
+def _window_levels(
+    inc: Incident,
+    views: list[NormView],
+    metric: str | None = None,
+    pts: list[ChangePoint] | None = None,
+) -> list[tuple[float, float, float]]:
+    """(window ts, mean normalised metric, mean batch) over the streams of `pts` (the
+    primary metric over the incident's headline streams unless given)."""
+    metric = metric or inc.primary_metric
     on_layer = metric in LAYER_METRICS
     col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
-    pts = inc.headline_points()
+    pts = inc.headline_points() if pts is None else pts
     ts_parts, v_parts, b_parts = [], [], []
     kind = "layer" if on_layer else "device"
     for view in views:

@@ -68,12 +68,14 @@ def test_error_rate_noise_alone_does_not_page() -> None:
 
 def _training(
     windows: int, *, at: int, hosts_bad: tuple[str, ...] = (), thermal: tuple[str, ...] = (),
-    scattered_sync: tuple[str, ...] = (), seed: int = 0,
+    scattered_sync: tuple[str, ...] = (), seed: int = 0, unthrottled: int | None = None,
+    cooled: int | None = None,
 ) -> list[list[RawMessage]]:  # fmt: skip
     """32 devices on four hosts of one training pool with an all-reduce layer. From `at`:
     the all-reduces of `hosts_bad` wait 2.5x as long (device MFU -5 %); the devices in
     `thermal` throttle (clock -15 %, temperature +19 %, MFU -12 %); `scattered_sync`
-    devices' waits rise alone."""
+    devices' waits rise alone. From `unthrottled` the clock and MFU of `thermal` are
+    back (a throttle cycling up); from `cooled` their temperature is back too."""
     rng = np.random.default_rng(seed)
     out = []
     for w in range(windows):
@@ -83,7 +85,8 @@ def _training(
             name = f"node-{d // 8:03d}/gpu{d % 8}"
             late = w >= at
             slow = late and name.split("/", maxsplit=1)[0] in hosts_bad
-            hot = late and name in thermal
+            heated = late and name in thermal and (cooled is None or w < cooled)
+            hot = heated and (unthrottled is None or w < unthrottled)
             wait = 0.2 * (2.5 if slow or (late and name in scattered_sync) else 1.0)
             mfu = 0.45 * (0.95 if slow else 0.88 if hot else 1.0)
             rec = window(name, ts, pool="train-a", mfu=mfu * (1 + 0.02 * rng.standard_normal()),
@@ -98,7 +101,7 @@ def _training(
             )
             rec["device_stats"] = {
                 "clock_mhz": 1755.0 * (0.85 if hot else 1.0) * (1 + 0.002 * rng.standard_normal()),
-                "temp_c": 70.0 * (1.19 if hot else 1.0) + 0.4 * rng.standard_normal(),
+                "temp_c": 70.0 * (1.19 if heated else 1.0) + 0.4 * rng.standard_normal(),
                 "power_w": 650.0 * (1 + 0.01 * rng.standard_normal()),
             }  # fmt: skip
             batch.append(msg(rec, partition=d % 4))
@@ -224,3 +227,15 @@ def test_heat_alike_on_two_hosts_is_the_pools_not_a_cooling_fault() -> None:
     not show as a change), while a cooling fault is one chassis's. No incident."""
     alerts = _alerts(_heated(120, at=50, cooled=("node-000/gpu3", "node-001/gpu5")))
     assert [a for a in alerts if a.metric == "temp_c"] == []
+
+
+def test_a_throttle_that_cycles_up_while_its_heat_stays_is_not_resolved() -> None:
+    """The throttled devices' clock and MFU come back while the dies stay hot (a
+    throttle cycling as it cools a little): the fault is still there, so the page stays
+    open; once the heat is gone too, it resolves."""
+    thermal = ("node-000/gpu3", "node-001/gpu5")
+    still_hot = _alerts(_training(200, at=45, thermal=thermal, unthrottled=90))
+    assert [a for a in still_hot if a.severity == "page"]
+    assert [a for a in still_hot if a.status == "resolved"] == []
+    fixed = _alerts(_training(200, at=45, thermal=thermal, unthrottled=90, cooled=90))
+    assert [a for a in fixed if a.status == "resolved"]
