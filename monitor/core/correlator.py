@@ -435,6 +435,7 @@ class Correlator:
         # Event time up to which heat in `recent` has been judged (`_cooling`); a restored
         # correlator judges what it holds again (a rise already in an incident is skipped).
         self.judged_to = -math.inf
+        self.pool_sizes: dict[tuple[str | None, str | None], int] = {}
         # Whether a point has a change of its own after an incident's onset (the advisor's
         # `new_cause`): then it opens its own incident instead of joining that one.
         self.new_cause: Callable[[Incident, ChangePoint], bool] | None = None
@@ -460,7 +461,10 @@ class Correlator:
         for e in (p for p in points if not opens(p)):
             for inc in self._file(e):
                 touched[id(inc)] = inc
-        for p in self._cooling(now_ts):
+        # Pool sizes come only with batches that bring points or hold incidents; heat is
+        # judged later, so the last ones known serve (none after a restore: not shared).
+        self.pool_sizes = dict(sizes) or self.pool_sizes
+        for p in self._cooling(now_ts, self.pool_sizes):
             inc = self._home(p, sizes.get((p.pool, p.model), 0))
             inc.points.append(p)
             touched[id(inc)] = inc
@@ -471,7 +475,9 @@ class Correlator:
         self.recent = [e for e in self.recent if e.detected_ts >= horizon]
         return list(touched.values())
 
-    def _cooling(self, now_ts: float) -> list[ChangePoint]:
+    def _cooling(
+        self, now_ts: float, sizes: Mapping[tuple[str | None, str | None], int]
+    ) -> list[ChangePoint]:
         """Device temperature rises that nothing heating the device explains, each judged
         once, `LEAD_WINDOWS` after it was found (what heats it shows by then).
 
@@ -479,11 +485,12 @@ class Correlator:
         offered load on any of its pool's devices (traffic reaches them alike; a device
         re-learning its level may not show it), from a grouping window before the rise (the
         cooling's time constant) to two windows after it, explains it. So does heat that
-        rose within a grouping window on the pool's devices of another host: traffic
-        reaches a pool's hosts alike, while a cooling fault is one board's or one
-        chassis's (and a burst that follows another within a detector's re-learning
-        shows as heat before its load shows as a change). With none, the cooling got
-        worse, and the rise opens (or joins) an incident of its own.
+        rose within a grouping window on a real share of the pool (`SUPPORT_SHARE` of its
+        devices), hosts other than this one's among them: traffic reaches a pool's hosts
+        alike, while a cooling fault is one board's or one chassis's, or a few (and a
+        burst that follows another within a detector's re-learning shows as heat before
+        its load shows as a change). With none, the cooling got worse, and the rise
+        opens (or joins) an incident of its own.
         """
         lead, span = LEAD_WINDOWS, self.group_window_s
         since, self.judged_to = self.judged_to, now_ts
@@ -511,13 +518,14 @@ class Correlator:
         for p in ripe:
             lo, hi = p.onset_ts - self.group_window_s, p.onset_ts + 2 * p.window_s
             chassis = p.host or p.device
-            explained = any(
+            alike = [q for q in heat.get(p.pool, ()) if abs(q.onset_ts - p.onset_ts) <= span]
+            shared = any((q.host or q.device) != chassis for q in alike) and len(
+                {q.device for q in alike}
+            ) >= SUPPORT_SHARE * sizes.get((p.pool, p.model), 1 << 30)
+            explained = shared or any(
                 (q.device == p.device or q.is_aggregate or q.metric in LOAD_METRICS)
                 and lo <= q.onset_ts <= hi
                 for q in sources.get(p.pool, ())
-            ) or any(
-                (q.host or q.device) != chassis and abs(q.onset_ts - p.onset_ts) <= span
-                for q in heat.get(p.pool, ())
             )
             if not explained and (p.device, p.onset_ts) not in homed:
                 # Known for a cooling fault once judged, not when the rise was found.

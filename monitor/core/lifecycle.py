@@ -409,12 +409,12 @@ class AlertLifecycle:
                 continue
             level = judged(metric, raw)
             st.observed_ts = t
-            if heat and not hot.get(t, math.inf) <= heat_bound:
-                st.healthy_windows = 0
-                continue
             if (level - before) * sign > tolerance(metric, self.s) * abs(before):
                 if math.isfinite(batch):
                     st.bad_loads = [*st.bad_loads[-63:], batch]
+                st.healthy_windows = 0
+                continue
+            if heat and not hot.get(t, math.inf) <= heat_bound:
                 st.healthy_windows = 0
                 continue
             # A regression that shows only under burst load looks healthy between

@@ -221,12 +221,18 @@ def test_heat_is_not_judged_on_devices_that_do_not_report_power() -> None:
     assert [a for a in alerts if a.metric == "temp_c"] == []
 
 
-def test_heat_alike_on_two_hosts_is_the_pools_not_a_cooling_fault() -> None:
-    """The same rise on devices of both hosts at once, with no load or power change
-    seen: traffic reaches a pool's hosts alike (a burst whose rise its load streams did
-    not show as a change), while a cooling fault is one chassis's. No incident."""
-    alerts = _alerts(_heated(120, at=50, cooled=("node-000/gpu3", "node-001/gpu5")))
+def test_heat_alike_on_a_share_of_the_pool_over_hosts_is_the_pools_load() -> None:
+    """The same rise on a quarter of the pool over both hosts at once, with no load or
+    power change seen: traffic reaches a pool's hosts alike (a burst whose rise its load
+    streams did not show as a change), while a cooling fault is a few boards'. No
+    incident; the same rise on one device of each host is a cooling fault."""
+    share = ("node-000/gpu1", "node-000/gpu3", "node-001/gpu2", "node-001/gpu5")
+    alerts = _alerts(_heated(120, at=50, cooled=share))
     assert [a for a in alerts if a.metric == "temp_c"] == []
+    two = ("node-000/gpu3", "node-001/gpu5")
+    heat = [a for a in _alerts(_heated(120, at=50, cooled=two)) if a.metric == "temp_c"]
+    assert heat
+    assert set(heat[-1].scope.devices) == set(two)
 
 
 def test_a_throttle_that_cycles_up_while_its_heat_stays_is_not_resolved() -> None:
