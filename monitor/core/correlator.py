@@ -509,14 +509,14 @@ class Correlator:
         for q in self.recent:
             if q.metric in HEAT_SOURCES and q.after > q.before:
                 sources.setdefault(q.pool, []).append(q)
-            elif q.metric in HEAT and not q.is_aggregate and q.after > q.before:
+            elif q.metric in HEAT and not q.is_aggregate and q.is_regression:
                 heat.setdefault(q.pool, []).append(q)
         homed = {
             (p.device, p.onset_ts) for i in self.incidents for p in i.points if p.metric in HEAT
         }
         out: list[ChangePoint] = []
         for p in ripe:
-            lo, hi = p.onset_ts - self.group_window_s, p.onset_ts + 2 * p.window_s
+            lo, hi = p.onset_ts - span, p.onset_ts + 2 * p.window_s
             chassis = p.host or p.device
             alike = [q for q in heat.get(p.pool, ()) if abs(q.onset_ts - p.onset_ts) <= span]
             shared = any((q.host or q.device) != chassis for q in alike) and len(

@@ -469,9 +469,11 @@ class AlertLifecycle:
             # A collective is as slow as its slowest member: every rank of the job waits
             # at the barrier for the host that is late, so the whole pool loses the time.
             share = 1.0
-        sev = severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
-        if metric in HEAT:
-            sev = heat_severity(before, after, self.s.page_loss)
+        sev = (
+            heat_severity(before, after, self.s.page_loss)
+            if metric in HEAT
+            else severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
+        )
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev = "page"
         return Alert(
