@@ -240,28 +240,68 @@ class Incident:
         devices = self.devices
         onset = self.onset_ts
         lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
+        heat_lo = onset - self.group_window_s
         everything = (*self.points, *self.evidence)
+        need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
+        stragglers = self.stragglers()
+        members = devices | stragglers
         # Heat builds up over the cooling's time constant before the clock steps down, so
         # on a device whose clock stepped down a temperature rise counts from as far back
         # as the grouping window: it is the throttle's cause, however slowly it came.
         throttled = {
             p.device for p in everything
-            if p.metric == "clock_mhz" and p.device in devices and lo <= p.onset_ts <= hi
+            if p.metric == "clock_mhz" and p.device in members and lo <= p.onset_ts <= hi
         }  # fmt: skip
-        heat_lo = onset - self.group_window_s
         groups: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
         for p in everything:
-            if p.device not in devices or p.onset_ts > hi:
+            if p.device not in members or p.onset_ts > hi:
                 continue
             if lo <= p.onset_ts or (
                 p.metric in HEAT and p.device in throttled and heat_lo <= p.onset_ts
             ):
                 groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
-        need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
         primary = self.primary_metric
         return {
-            k: v for k, v in groups.items() if k[1] == primary or len({p.device for p in v}) >= need
+            k: v
+            for k, v in groups.items()
+            if k[1] == primary
+            or len({p.device for p in v}) >= need
+            or ((k[1] == "clock_mhz" or k[1] in HEAT) and {p.device for p in v} <= stragglers)
         }
+
+    def stragglers(self) -> set[str]:
+        """Members of the pool whose hardware failed, where the pool's collective waits rose.
+
+        A collective is as slow as its slowest member: every rank waits at the barrier for
+        the one that is late, so a throttling device slows the whole job (its device MFU
+        drops on every member) while its own wait shrinks. Where the waits rose (on the
+        pool aggregate, or on a real share of the incident's devices), a member whose
+        clock stepped down as it heated (independent indicators agree: a hardware fault)
+        is why, whatever its share of the pool.
+        """
+        everything = (*self.points, *self.evidence)
+        devices = self.devices
+        need = max(1, math.ceil(SUPPORT_SHARE * len(devices)))
+        onset = self.onset_ts
+        lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
+        waits = [
+            p for p in everything
+            if p.metric == "sync_frac" and p.is_regression and lo <= p.onset_ts <= hi
+        ]  # fmt: skip
+        if not waits or not (
+            any(p.is_aggregate for p in waits)
+            or len({p.device for p in waits if p.device in devices}) >= need
+        ):
+            return set()
+        clocked = {
+            p.device for p in everything
+            if p.metric == "clock_mhz" and p.is_regression and lo <= p.onset_ts <= hi
+        }  # fmt: skip
+        heat_lo = onset - self.group_window_s
+        return {
+            p.device for p in everything
+            if p.metric in HEAT and p.device in clocked and heat_lo <= p.onset_ts <= hi
+        }  # fmt: skip
 
     def load_ratio(self) -> float:
         """Offered load at the onset vs the pool's recent level (1.0 when it did not shift).

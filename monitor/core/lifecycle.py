@@ -449,6 +449,11 @@ class AlertLifecycle:
         # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
         # an overload a regression, whether they or the queue they come with headline it.
         classed = _classed(inc, support) if load >= OVERLOAD_RATIO else moved
+        if inc.stragglers():
+            # The members wait for the ones whose hardware failed: the waits are that
+            # fault's consequence, not the collective's (whose class would send on-call
+            # to the interconnect).
+            classed = classed - {"sync_frac"}
         bottleneck = bottleneck_class(stage, classed)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
@@ -674,6 +679,10 @@ def summary(
         else " (capacity: per-layer efficiency unchanged)" if bottleneck == "overload"
         else ""
     )  # fmt: skip
+    slow = sorted(inc.stragglers()) if bottleneck == "thermal_power" else []
+    if slow:
+        cause += f", waiting at the collective for throttling {', '.join(slow[:5])}"
+        cause += f" (+{len(slow) - 5} more)" if len(slow) > 5 else ""
     return f"{what} {delta_pct:+.1f}% on {where}{cause}"
 
 

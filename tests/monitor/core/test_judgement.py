@@ -69,13 +69,17 @@ def test_error_rate_noise_alone_does_not_page() -> None:
 def _training(
     windows: int, *, at: int, hosts_bad: tuple[str, ...] = (), thermal: tuple[str, ...] = (),
     scattered_sync: tuple[str, ...] = (), seed: int = 0, unthrottled: int | None = None,
-    cooled: int | None = None,
+    cooled: int | None = None, straggling: bool = False,
 ) -> list[list[RawMessage]]:  # fmt: skip
     """32 devices on four hosts of one training pool with an all-reduce layer. From `at`:
     the all-reduces of `hosts_bad` wait 2.5x as long (device MFU -5 %); the devices in
     `thermal` throttle (clock -15 %, temperature +19 %, MFU -12 %); `scattered_sync`
     devices' waits rise alone. From `unthrottled` the clock and MFU of `thermal` are
-    back (a throttle cycling up); from `cooled` their temperature is back too."""
+    back (a throttle cycling up); from `cooled` their temperature is back too.
+    `straggling`: the job is synchronous, so while `thermal` throttle every member does
+    5 % less work per window (device MFU -5 %, per-layer MFU unchanged), the others
+    wait 1.5x as long at the all-reduce, the throttled ones hardly wait, and their
+    power falls by a fifth with their clock."""
     rng = np.random.default_rng(seed)
     out = []
     for w in range(windows):
@@ -88,9 +92,18 @@ def _training(
             heated = late and name in thermal and (cooled is None or w < cooled)
             hot = heated and (unthrottled is None or w < unthrottled)
             wait = 0.2 * (2.5 if slow or (late and name in scattered_sync) else 1.0)
+            waiting = (
+                straggling and late and bool(thermal) and (unthrottled is None or w < unthrottled)
+            )
+            if waiting:
+                wait = 0.02 if hot else 0.3
             mfu = 0.45 * (0.95 if slow else 0.88 if hot else 1.0)
             rec = window(name, ts, pool="train-a", mfu=mfu * (1 + 0.02 * rng.standard_normal()),
                          stall=0.3 * (1 + 0.02 * rng.standard_normal()))  # fmt: skip
+            if waiting:
+                for layer in rec["layers"]:
+                    layer["flops"] *= 0.95
+                    layer["busy_s"] *= 0.95
             rec["layers"].append(
                 {
                     "type": "allreduce",
@@ -102,7 +115,8 @@ def _training(
             rec["device_stats"] = {
                 "clock_mhz": 1755.0 * (0.85 if hot else 1.0) * (1 + 0.002 * rng.standard_normal()),
                 "temp_c": 70.0 * (1.19 if heated else 1.0) + 0.4 * rng.standard_normal(),
-                "power_w": 650.0 * (1 + 0.01 * rng.standard_normal()),
+                "power_w": 650.0 * (0.8 if hot and straggling else 1.0)
+                * (1 + 0.01 * rng.standard_normal()),
             }  # fmt: skip
             batch.append(msg(rec, partition=d % 4))
         out.append(batch)
@@ -145,6 +159,25 @@ def test_two_throttling_devices_page_on_physical_corroboration() -> None:
     assert last.bottleneck == "thermal_power"
     assert set(last.scope.devices) == {"node-000/gpu3", "node-001/gpu5"}
     assert last.first_failing_stage == "execution"
+
+
+def test_a_throttling_member_that_slows_the_whole_job_pages_once() -> None:
+    """Two members of a synchronous job throttle (clock -15 %, +19 °C as their power
+    falls) and every other member waits for them at the all-reduce (device MFU -5 % on
+    all 32). A collective is as slow as its slowest member: one mechanism, one alert,
+    a thermal page that names the throttling devices."""
+    thermal = ("node-000/gpu3", "node-001/gpu5")
+    alerts = _alerts(_training(120, at=45, thermal=thermal, straggling=True))
+    firing = [a for a in alerts if a.status == "firing"]
+    assert len({a.id for a in firing}) == 1, [(a.metric, a.severity, a.summary) for a in firing]
+    pages = [a for a in firing if a.severity == "page"]
+    assert pages, [(a.metric, a.severity, a.bottleneck) for a in firing]
+    last = pages[-1]
+    assert last.bottleneck == "thermal_power"
+    assert last.first_failing_stage == "execution"
+    assert last.suggestion.change_id is None
+    assert all(d in last.summary for d in thermal), last.summary
+    assert T0 + 10.0 * 38 <= last.onset_ts <= T0 + 10.0 * 51
 
 
 def _heated(
