@@ -307,11 +307,15 @@ class Incident:
         """Offered load at the onset vs the pool's recent level (1.0 when it did not shift).
 
         Per device (and per pool aggregate), the latest request-rate shift that began within
-        the grouping window before the onset (or up to two windows after it): its level
-        after over before. The median over them; a burst that already ended counts down.
+        the grouping window before the onset, or after it up to two windows or up to the
+        first detection, whichever is later: its level after over before. The median over
+        them; a burst that already ended counts down. A change found late is dated no
+        better than its detection delay (its statistic climbed from noise somewhere in
+        that span): a burst that began before the change was found may be what moved it.
         """
         onset = self.onset_ts
-        lo, hi = onset - self.group_window_s, onset + 2 * self.window_s
+        found = min(p.detected_ts for p in self.primary_points())
+        lo, hi = onset - self.group_window_s, max(onset + 2 * self.window_s, found)
         latest: dict[str, ChangePoint] = {}
         for p in sorted(self.load, key=lambda q: q.onset_ts):
             if lo <= p.onset_ts <= hi and p.before > 0:

@@ -51,6 +51,26 @@ def test_offered_load_kept_as_context_not_evidence() -> None:
     assert inc.first_failing_stage() == "ingress"
 
 
+def test_a_burst_between_a_late_found_onset_and_its_detection_is_its_load() -> None:
+    """Waits found 30 windows late are dated two minutes before a burst that began 20
+    windows before they were found: the onset is no better than the detection delay, so
+    the burst counts as the load they moved with. A burst after the detection does not."""
+    devs = [f"h{i}/gpu0" for i in range(8)]
+
+    def ratio(burst_at: float) -> float:
+        pts = [dataclasses.replace(_pt(d, "sync_frac", 0.2, 0.3, T0), layer="allreduce",
+                                   detected_ts=T0 + 30 * W)
+               for d in devs]  # fmt: skip
+        pts += [_pt(d, "req_rate", 100.0, 150.0, burst_at) for d in devs]
+        corr = Correlator()
+        corr.add(pts, T0 + 35 * W, {(POOL, MODEL): 8})
+        (inc,) = corr.incidents
+        return inc.load_ratio()
+
+    assert abs(ratio(T0 + 10 * W) - 1.5) < 1e-9
+    assert ratio(T0 + 31 * W) == 1.0
+
+
 def test_overload_is_a_capacity_record_at_info() -> None:
     alert = _render(_incident(req_after=220.0))
     assert alert.bottleneck == "overload"
