@@ -51,6 +51,25 @@ class PoolExposure:
             if not bins:
                 del self._bins[pool]
 
+    def novelty(self, pool: str | None, onset_ts: float, detected_ts: float,
+                before_ts: float) -> float:  # fmt: skip
+        """The peak request rate from the onset's minute to the detection's over the highest
+        the pool ran at in whole minutes before `before_ts`: above 1, a load it never ran
+        at in its look-back. 1.0 when unknown (no request rate, or nothing before)."""
+        bins = self._bins.get(pool)
+        if not bins:
+            return 1.0
+        at = [bins[k][0] for k in range(int(onset_ts // BIN_S), int(detected_ts // BIN_S) + 1)
+              if k in bins]  # fmt: skip
+        cut = int(before_ts // BIN_S)
+        earlier = [b[0] for k, b in bins.items() if k < cut]
+        if not at or not earlier:
+            return 1.0
+        peak, prior = max(at), max(earlier)
+        if not (math.isfinite(peak) and math.isfinite(prior)) or prior <= 0:
+            return 1.0
+        return peak / prior
+
     def tested(self, pool: str | None, since_ts: float, onset_ts: float, detected_ts: float,
                window_s: float, windows: int) -> bool:  # fmt: skip
         """Whether the pool ran at least `windows` windows at the onset's load after

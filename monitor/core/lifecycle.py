@@ -20,6 +20,7 @@ from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import LEAD_WINDOWS, OVERLOAD_RATIO, ChangePoint, Incident
 from monitor.core.coverage import not_judged
+from monitor.core.load import LOAD_SENSITIVE
 from monitor.indicators import (
     CLOCK_BOUND,
     COMM_LAYERS,
@@ -481,6 +482,18 @@ class AlertLifecycle:
         )
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev = "page"
+        novel = self._novel_load(inc, metric, moved, suggestion)
+        if novel and sev != "info":
+            # Burst is judged against burst: at a load the pool never ran at, what the
+            # load model expects is an extrapolation, and nothing says this efficiency is
+            # worse than the pool's own at that load. A capacity finding for the owners.
+            sev = "info"
+        novel_text = (
+            f" at x{novel:.2f} the highest offered load the pool ran before (no earlier burst"
+            " at this load to compare with)"
+            if novel
+            else ""
+        )
         return Alert(
             v=1,
             id=inc.alert_id or "",
@@ -508,10 +521,27 @@ class AlertLifecycle:
             bottleneck=bottleneck,
             evidence=_evidence(inc),
             suggestion=suggestion,
-            summary=summary(inc, level, what, delta_pct, suggestion, bottleneck, load),
+            summary=summary(inc, level, what, delta_pct, suggestion, bottleneck, load) + novel_text,
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
             not_judged=self._not_judged(inc),
         )
+
+    def _novel_load(
+        self, inc: Incident, metric: str, moved: set[str], suggestion: Suggestion
+    ) -> float:
+        """How far above any load the pool ran at before it a load-normalised efficiency
+        drop began (0.0: not so). Only without a change to blame, without a hardware
+        fault, and at `OVERLOAD_RATIO` above the highest earlier minute (the pool's
+        bursts before this one and before the grouping window)."""
+        if metric not in LOAD_SENSITIVE or metric in QUEUEING or suggestion.action == "rollback":
+            return 0.0
+        if _hardware_fault(moved):
+            return 0.0
+        found = min(p.detected_ts for p in inc.primary_points())
+        ratio = self.advisor.exposure.novelty(
+            inc.pool, inc.onset_ts, found, inc.onset_ts - inc.group_window_s
+        )
+        return ratio if ratio >= OVERLOAD_RATIO else 0.0
 
     @staticmethod
     def _not_judged(inc: Incident) -> list[NotJudged]:

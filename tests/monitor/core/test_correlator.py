@@ -288,3 +288,35 @@ def test_the_primary_metric_supports_its_incident_on_however_few_devices() -> No
     assert len(inc.devices) == 8
     assert ("ingress", "queue_wait_ms", None) in inc.supporting()
     assert inc.first_failing_stage() == "ingress"
+
+
+def _mfu_drop_at_a_burst(earlier_peak: float) -> tuple[str, str]:
+    """Per-layer MFU -15 % on the whole pool as its request rate rose from 100 to 250 per
+    second, after an hour whose bursts peaked at `earlier_peak`: (severity, summary)."""
+    devs = [f"h{i}/gpu0" for i in range(8)]
+    onset = T0 + 3600.0
+    pts = [dataclasses.replace(_pt(d, "mfu", 0.6, 0.51, onset), layer="mlp") for d in devs]
+    pts += [_pt(d, "req_rate", 100.0, 250.0, onset) for d in devs]
+    corr = Correlator()
+    corr.add(pts, onset + 3 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    adv = Advisor()
+    for k in range(360):
+        ts = T0 + 10.0 * k
+        adv.exposure.observe(POOL, ts, earlier_peak if k % 120 < 20 else 100.0)
+    for k in range(360, 366):
+        adv.exposure.observe(POOL, T0 + 10.0 * k, 250.0)
+    alert = AlertLifecycle(AlertSettings(), adv).render(inc, onset + 3 * W, 8, "firing")
+    return alert.severity, alert.summary
+
+
+def test_an_efficiency_drop_at_a_load_the_pool_never_ran_is_a_capacity_record() -> None:
+    """Burst is judged against burst: the pool's earlier bursts peaked at 110 requests per
+    second, this one at 250, so what MFU should be there is an extrapolation. An info
+    record that says so; the same drop at a burst as large as earlier ones pages."""
+    sev, text = _mfu_drop_at_a_burst(earlier_peak=110.0)
+    assert sev == "info"
+    assert "x2.27 the highest offered load" in text
+    sev, text = _mfu_drop_at_a_burst(earlier_peak=240.0)
+    assert sev == "page"
+    assert "highest offered load" not in text
