@@ -195,6 +195,11 @@ class Incident:
         widest = max(len(d) for d in devices.values())
         return next(m for m in PRIMARY_ORDER if len(devices.get(m, ())) * 2 >= widest)
 
+    @property
+    def found_ts(self) -> float:
+        """When its primary metric was first detected on any device."""
+        return min(p.detected_ts for p in self.primary_points())
+
     def primary_points(self) -> list[ChangePoint]:
         """The points of the primary metric."""
         m = self.primary_metric
@@ -314,8 +319,7 @@ class Incident:
         that span): a burst that began before the change was found may be what moved it.
         """
         onset = self.onset_ts
-        found = min(p.detected_ts for p in self.primary_points())
-        lo, hi = onset - self.group_window_s, max(onset + 2 * self.window_s, found)
+        lo, hi = onset - self.group_window_s, max(onset + 2 * self.window_s, self.found_ts)
         latest: dict[str, ChangePoint] = {}
         for p in sorted(self.load, key=lambda q: q.onset_ts):
             if lo <= p.onset_ts <= hi and p.before > 0:

@@ -537,9 +537,8 @@ class AlertLifecycle:
             return 0.0
         if _hardware_fault(moved):
             return 0.0
-        found = min(p.detected_ts for p in inc.primary_points())
         ratio = self.advisor.exposure.novelty(
-            inc.pool, inc.onset_ts, found, inc.onset_ts - inc.group_window_s
+            inc.pool, inc.onset_ts, inc.found_ts, inc.onset_ts - inc.group_window_s
         )
         return ratio if ratio >= OVERLOAD_RATIO else 0.0
 
