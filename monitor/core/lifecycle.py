@@ -150,6 +150,7 @@ class AlertLifecycle:
         self.host_sizes = host_sizes or {}
         sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
+        faults = _faults(incidents)
         for inc in incidents:
             # (The fleet stage leaves one pool's incident to the replica that holds it.)
             if inc.status != "open" or inc.parent is not None or self._not_ours(inc):
@@ -180,7 +181,9 @@ class AlertLifecycle:
                     then.first_failing_stage(), int(then.onset_ts // inc.window_s),
                 )  # fmt: skip
             view.detected_ts = inc.detected_ts
-            alert = self.render(view, now_ts, n_pool, "firing", level=level)
+            alert = self.render(
+                view, now_ts, n_pool, "firing", level=level, faulty=_faulty(inc, faults)
+            )
             sent = self.state(inc)
             # Big growth re-sends at once; any other change in count at a calm pace.
             grew = n >= sent.devices * (1 + self.s.update_growth) or (
@@ -209,12 +212,14 @@ class AlertLifecycle:
         re-posted within its `resolve_timeout`, while the regression goes on.
         """
         out: list[Alert] = []
+        faults = _faults(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
             view, n_pool, level = self._view(inc, pool_devices)
             view.detected_ts = inc.detected_ts
-            out.append(self.render(view, now_ts, n_pool, "firing", level=level))
+            faulty = _faulty(inc, faults)
+            out.append(self.render(view, now_ts, n_pool, "firing", level=level, faulty=faulty))
         return out
 
     def _consequence_of(self, inc: Incident, incidents: list[Incident]) -> Incident | None:
@@ -366,6 +371,7 @@ class AlertLifecycle:
         so a quiet hour does not look like a fix and a burst does not look like a relapse.
         """
         out: list[Alert] = []
+        faults = _faults(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
@@ -380,7 +386,7 @@ class AlertLifecycle:
             if inc.children:
                 out.append(self.render(inc.merged(), t, n, "resolved", level="fleet"))
             else:
-                out.append(self.render(inc, t, n, "resolved"))
+                out.append(self.render(inc, t, n, "resolved", faulty=_faulty(inc, faults)))
         return out
 
     def _recovered_at(self, inc: Incident, views: list[NormView]) -> float | None:
@@ -434,14 +440,16 @@ class AlertLifecycle:
         n_pool: int,
         status: str,
         level: ScopeLevel | None = None,
+        faulty: frozenset[str] = frozenset(),
     ) -> Alert:
-        """The alert record for an incident as it stands now."""
+        """The alert record for an incident as it stands now; `faulty`: the devices of
+        another open, paged hardware fault of its pool and model (`_faults`)."""
         metric = inc.primary_metric
         pts = inc.headline_points()
         before, after = _spans(pts) if metric in HEAT else _medians(pts)
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
-        support = inc.supporting()
+        support = _beside_faults(inc.supporting(), faulty, metric)
         moved = {metric for _, metric, _ in support}
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
         follows = metric in QUEUEING | LOAD_FOLLOWING or metric == "sync_frac"
@@ -602,6 +610,56 @@ def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]
         for (_, metric, layer), pts in inc.supporting().items()
         if metric not in QUEUEING | LOAD_FOLLOWING | LOAD_METRICS
     }
+
+
+# What a hardware fault shows on its own devices: its physical indicators, and what a
+# clock moves (`AlertLifecycle._consequence_of`).
+FAULT_SHOWS = frozenset({"clock_mhz", "temp_c", "power_w"}) | CLOCK_BOUND
+
+_Faults = dict[tuple[str | None, str | None], list[tuple[float, frozenset[str]]]]
+
+
+def _faults(incidents: list[Incident]) -> _Faults:
+    """The devices of each open, paged hardware fault (a throttle, a cooling fault), by
+    (pool, model), with the fault's onset."""
+    out: _Faults = {}
+    for hw in incidents:
+        if not hw.paging:
+            continue
+        if hw.primary_metric in HEAT or _hardware_fault({m for _, m, _ in hw.supporting()}):
+            key = (hw.pool, hw.model)
+            out.setdefault(key, []).append((hw.onset_ts, frozenset(hw.devices)))
+    return out
+
+
+def _faulty(inc: Incident, faults: _Faults) -> frozenset[str]:
+    """The devices of the pool's and model's open hardware faults that began before `inc`."""
+    found = [devs for onset, devs in faults.get((inc.pool, inc.model), ()) if onset < inc.onset_ts]
+    return frozenset().union(*found) if found else frozenset()
+
+
+def _beside_faults(
+    support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
+    faulty: frozenset[str],
+    primary: str,
+) -> dict[tuple[Stage, str, str | None], list[ChangePoint]]:
+    """`support` less what an open hardware fault shows on its own devices.
+
+    A throttling device's clock steps down further when a burst heats it: that is the
+    paged fault going on, not a mechanism of the burst's incident, which its devices
+    joined only by moving in the same minutes (a queue that a known-faulty device's
+    clock "explains" would page as a regression). The incident's headline is its own.
+    """
+    if not faulty:
+        return support
+    out = {}
+    for key, pts in support.items():
+        own = pts
+        if key[1] in FAULT_SHOWS and key[1] != primary:
+            own = [p for p in pts if p.is_aggregate or p.device not in faulty]
+        if own:
+            out[key] = own
+    return out
 
 
 def _hardware_fault(moved: set[str]) -> bool:
