@@ -150,7 +150,7 @@ class AlertLifecycle:
         self.host_sizes = host_sizes or {}
         sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
-        faults = _faults(incidents)
+        paged = _paged(incidents)
         for inc in incidents:
             # (The fleet stage leaves one pool's incident to the replica that holds it.)
             if inc.status != "open" or inc.parent is not None or self._not_ours(inc):
@@ -182,7 +182,7 @@ class AlertLifecycle:
                 )  # fmt: skip
             view.detected_ts = inc.detected_ts
             alert = self.render(
-                view, now_ts, n_pool, "firing", level=level, faulty=_faulty(inc, faults)
+                view, now_ts, n_pool, "firing", level=level, shown=_shown_before(inc, paged)
             )
             sent = self.state(inc)
             # Big growth re-sends at once; any other change in count at a calm pace.
@@ -212,14 +212,14 @@ class AlertLifecycle:
         re-posted within its `resolve_timeout`, while the regression goes on.
         """
         out: list[Alert] = []
-        faults = _faults(incidents)
+        paged = _paged(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
             view, n_pool, level = self._view(inc, pool_devices)
             view.detected_ts = inc.detected_ts
-            faulty = _faulty(inc, faults)
-            out.append(self.render(view, now_ts, n_pool, "firing", level=level, faulty=faulty))
+            shown = _shown_before(inc, paged)
+            out.append(self.render(view, now_ts, n_pool, "firing", level=level, shown=shown))
         return out
 
     def _consequence_of(self, inc: Incident, incidents: list[Incident]) -> Incident | None:
@@ -371,7 +371,7 @@ class AlertLifecycle:
         so a quiet hour does not look like a fix and a burst does not look like a relapse.
         """
         out: list[Alert] = []
-        faults = _faults(incidents)
+        paged = _paged(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
@@ -386,7 +386,7 @@ class AlertLifecycle:
             if inc.children:
                 out.append(self.render(inc.merged(), t, n, "resolved", level="fleet"))
             else:
-                out.append(self.render(inc, t, n, "resolved", faulty=_faulty(inc, faults)))
+                out.append(self.render(inc, t, n, "resolved", shown=_shown_before(inc, paged)))
         return out
 
     def _recovered_at(self, inc: Incident, views: list[NormView]) -> float | None:
@@ -440,16 +440,16 @@ class AlertLifecycle:
         n_pool: int,
         status: str,
         level: ScopeLevel | None = None,
-        faulty: frozenset[str] = frozenset(),
+        shown: list[_Shown] | None = None,
     ) -> Alert:
-        """The alert record for an incident as it stands now; `faulty`: the devices of
-        another open, paged hardware fault of its pool and model (`_faults`)."""
+        """The alert record for an incident as it stands now; `shown`: what earlier open
+        pages of its pool and model show (`_shown_before`)."""
         metric = inc.primary_metric
         pts = inc.headline_points()
         before, after = _spans(pts) if metric in HEAT else _medians(pts)
         delta_pct = 100.0 * (after - before) / before if before else 0.0
         stage = inc.first_failing_stage()
-        support = _beside_faults(inc.supporting(), faulty, metric)
+        support = _beside_pages(inc.supporting(), shown or [], metric)
         moved = {metric for _, metric, _ in support}
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
         follows = metric in QUEUEING | LOAD_FOLLOWING or metric == "sync_frac"
@@ -616,47 +616,76 @@ def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]
 # clock moves (`AlertLifecycle._consequence_of`).
 FAULT_SHOWS = frozenset({"clock_mhz", "temp_c", "power_w"}) | CLOCK_BOUND
 
-_Faults = dict[tuple[str | None, str | None], list[tuple[float, frozenset[str]]]]
+
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """What an open, paged incident already shows on-call: where it began, its devices,
+    its mechanisms (`_mechanisms`), and whether it is a hardware fault."""
+
+    onset_ts: float
+    devices: frozenset[str]
+    mechanisms: frozenset[tuple[str, str | None]]
+    hardware: bool
+
+    def covers(self, p: ChangePoint, served: bool) -> bool:
+        """Whether `p` is this page's mechanism going on: a hardware fault's indicators on
+        its own devices; for an incident about serving slower (`served`), a mechanism it
+        moved, on its devices or on the pool aggregate."""
+        if self.hardware and p.metric in FAULT_SHOWS and p.device in self.devices:
+            return True
+        return (
+            served
+            and (p.metric, p.layer) in self.mechanisms
+            and (p.is_aggregate or p.device in self.devices)
+        )
 
 
-def _faults(incidents: list[Incident]) -> _Faults:
-    """The devices of each open, paged hardware fault (a throttle, a cooling fault), by
-    (pool, model), with the fault's onset."""
-    out: _Faults = {}
-    for hw in incidents:
-        if not hw.paging:
+_Paged = dict[tuple[str | None, str | None], list[_Shown]]
+
+
+def _paged(incidents: list[Incident]) -> _Paged:
+    """What each open, paged incident shows, by (pool, model)."""
+    out: _Paged = {}
+    for inc in incidents:
+        if not inc.paging:
             continue
-        if hw.primary_metric in HEAT or _hardware_fault({m for _, m, _ in hw.supporting()}):
-            key = (hw.pool, hw.model)
-            out.setdefault(key, []).append((hw.onset_ts, frozenset(hw.devices)))
+        moved = {m for _, m, _ in inc.supporting()}
+        shown = _Shown(
+            onset_ts=inc.onset_ts,
+            devices=frozenset(inc.devices),
+            mechanisms=frozenset(_mechanisms(inc)),
+            hardware=inc.primary_metric in HEAT or _hardware_fault(moved),
+        )
+        out.setdefault((inc.pool, inc.model), []).append(shown)
     return out
 
 
-def _faulty(inc: Incident, faults: _Faults) -> frozenset[str]:
-    """The devices of the pool's and model's open hardware faults that began before `inc`."""
-    found = [devs for onset, devs in faults.get((inc.pool, inc.model), ()) if onset < inc.onset_ts]
-    return frozenset().union(*found) if found else frozenset()
+def _shown_before(inc: Incident, paged: _Paged) -> list[_Shown]:
+    """The pages of `inc`'s pool and model that began before it."""
+    return [s for s in paged.get((inc.pool, inc.model), ()) if s.onset_ts < inc.onset_ts]
 
 
-def _beside_faults(
+def _beside_pages(
     support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
-    faulty: frozenset[str],
+    shown: list[_Shown],
     primary: str,
 ) -> dict[tuple[Stage, str, str | None], list[ChangePoint]]:
-    """`support` less what an open hardware fault shows on its own devices.
+    """`support` less what earlier open pages already show (`_Shown.covers`).
 
-    A throttling device's clock steps down further when a burst heats it: that is the
-    paged fault going on, not a mechanism of the burst's incident, which its devices
-    joined only by moving in the same minutes (a queue that a known-faulty device's
-    clock "explains" would page as a regression). The incident's headline is its own.
+    One mechanism, one page, at every record, not only the first (`_consequence_of`):
+    a throttling device's clock steps down further when a burst heats it, and a paged
+    placement regression spills more at a burst. Points like these join the burst's
+    incident by moving in the same minutes, and would make its queue a regression. The
+    incident's headline metric stays its own.
     """
-    if not faulty:
+    if not shown:
         return support
+    served = primary in QUEUEING | LOAD_FOLLOWING
     out = {}
     for key, pts in support.items():
         own = pts
-        if key[1] in FAULT_SHOWS and key[1] != primary:
-            own = [p for p in pts if p.is_aggregate or p.device not in faulty]
+        if key[1] != primary:
+            own = [p for p in pts if not any(s.covers(p, served) for s in shown)]
         if own:
             out[key] = own
     return out
