@@ -458,6 +458,18 @@ class AlertLifecycle:
         # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
         # an overload a regression, whether they or the queue they come with headline it.
         classed = _classed(inc, support) if load >= OVERLOAD_RATIO else moved
+        if (
+            load >= OVERLOAD_RATIO
+            and classed & _NORMALISED
+            and not _hardware_fault(moved)
+            and self._unseen_load(inc)
+        ):
+            # Burst against burst: at a load the pool never ran at, what the load model
+            # expects of its per-layer efficiency is an extrapolation, and nothing says
+            # the efficiency is worse than the pool's own at that load (`_novel_load`).
+            # It does not make the queue a regression; a change right before the burst
+            # still can (the advisor, below).
+            classed = classed - _NORMALISED
         if inc.stragglers():
             # The members wait for the ones whose hardware failed: the waits are that
             # fault's consequence, not the collective's (whose class would send on-call
@@ -545,6 +557,12 @@ class AlertLifecycle:
             return 0.0
         if _hardware_fault(moved):
             return 0.0
+        return self._unseen_load(inc)
+
+    def _unseen_load(self, inc: Incident) -> float:
+        """The peak offered load from the incident's onset to its first detection over the
+        highest minute of its pool's look-back before its grouping window, where that is
+        at least `OVERLOAD_RATIO` (0.0: not so, or not known)."""
         ratio = self.advisor.exposure.novelty(
             inc.pool, inc.onset_ts, inc.found_ts, inc.onset_ts - inc.group_window_s
         )
@@ -611,6 +629,10 @@ def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]
         if metric not in QUEUEING | LOAD_FOLLOWING | LOAD_METRICS
     }
 
+
+# Per-layer efficiency judged against the load model's expectation: at a load never run
+# at, that expectation is an extrapolation.
+_NORMALISED = LOAD_SENSITIVE - QUEUEING - LOAD_FOLLOWING - {"sync_frac"}
 
 # What a hardware fault shows on its own devices: its physical indicators, and what a
 # clock moves (`AlertLifecycle._consequence_of`).

@@ -262,6 +262,29 @@ def test_an_efficiency_move_on_half_the_devices_is_a_mechanism() -> None:
     assert _render(_overload_with_efficiency_on(2, req_after=101.0)).bottleneck != "overload"
 
 
+def _after_bursts(inc, earlier_peak: float):
+    """`_render` with the pool's request rate known: an hour at 100 per second whose bursts
+    peaked at `earlier_peak`, then 180 from the incident's onset."""
+    adv = Advisor()
+    for k in range(360):
+        adv.exposure.observe(POOL, T0 - 3600.0 + 10.0 * k, earlier_peak if k % 120 < 20 else 100.0)
+    for k in range(6):
+        adv.exposure.observe(POOL, T0 + 10.0 * k, 180.0)
+    return AlertLifecycle(AlertSettings(), adv).render(inc, T0 + 3 * W, 8, "firing")
+
+
+def test_an_efficiency_move_at_a_load_the_pool_never_ran_does_not_explain_its_queue() -> None:
+    """Burst against burst: half the devices lost conv MFU at a burst 1.6x above any the
+    pool ran before. What MFU should be at that load is an extrapolation, so it does not
+    make the queue a regression (`fleet_day` seed 50 paged such a first burst). At a
+    burst as large as earlier ones it does."""
+    alert = _after_bursts(_overload_with_efficiency_on(4), earlier_peak=110.0)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    alert = _after_bursts(_overload_with_efficiency_on(4), earlier_peak=170.0)
+    assert alert.bottleneck != "overload"
+
+
 def test_a_mechanism_that_began_well_after_an_overloads_queue_does_not_explain_it() -> None:
     """Queueing at a burst, and 21 windows later MLP's stall share up on every device: what
     began after the queue cannot be why it grew (a cause comes first, as a change must to
