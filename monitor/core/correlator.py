@@ -340,7 +340,10 @@ class Incident:
         if not onsets:
             return self.points[0].stage
         earliest = min(onsets.values())
-        tie = self.window_s / 2
+        # Onsets are estimated on the window grid: a change inside a window shows in it
+        # only in part, so one indicator (a tail latency) may date it a window before
+        # another (the mean queue wait). A window apart is a tie; ties go upstream.
+        tie = self.window_s
         return next(s for s in STAGES if s in onsets and onsets[s] <= earliest + tie)
 
     def first_onset(self) -> float:

@@ -343,3 +343,22 @@ def test_an_efficiency_drop_at_a_load_the_pool_never_ran_is_a_capacity_record() 
     sev, text = _mfu_drop_at_a_burst(earlier_peak=240.0)
     assert sev == "page"
     assert "highest offered load" not in text
+
+
+def test_stages_a_window_apart_are_a_tie_that_goes_upstream() -> None:
+    """An admission rule's queue dated a window after the tail latency it causes (a change
+    inside a window shows in the p95 before the mean wait): ingress, upstream, failed
+    first (`fleet_day` seeds 42 and 64 named validation and lost the rollback). Two
+    windows apart the order is the estimate's, not a tie."""
+
+    def stage(lag_windows: int) -> str:
+        devs = [f"h{i}/gpu0" for i in range(8)]
+        pts = [_pt(d, "queue_wait_ms", 60.0, 300.0, T0 + lag_windows * W) for d in devs]
+        pts += [_pt(d, "lat_p95_ms", 7400.0, 8400.0, T0) for d in devs]
+        corr = Correlator()
+        corr.add(pts, T0 + 6 * W, {(POOL, MODEL): 8})
+        (inc,) = corr.incidents
+        return inc.first_failing_stage()
+
+    assert stage(1) == "ingress"
+    assert stage(2) == "validation"
