@@ -620,12 +620,15 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     }
 
 
-def _mechanisms(inc: Incident) -> dict[tuple[str, str | None], list[ChangePoint]]:
+def _mechanisms(
+    inc: Incident, support: dict[tuple[Stage, str, str | None], list[ChangePoint]] | None = None
+) -> dict[tuple[str, str | None], list[ChangePoint]]:
     """What moved with an incident besides queueing, load and what follows load, by
-    (metric, layer): its mechanism, with the points that show it."""
+    (metric, layer): its mechanism, with the points that show it (of `support`, the
+    incident's `supporting()` where already at hand)."""
     return {
         (metric, layer): pts
-        for (_, metric, layer), pts in inc.supporting().items()
+        for (_, metric, layer), pts in (support or inc.supporting()).items()
         if metric not in QUEUEING | LOAD_FOLLOWING | LOAD_METRICS
     }
 
@@ -636,7 +639,7 @@ _NORMALISED = LOAD_SENSITIVE - QUEUEING - LOAD_FOLLOWING - {"sync_frac"}
 
 # What a hardware fault shows on its own devices: its physical indicators, and what a
 # clock moves (`AlertLifecycle._consequence_of`).
-FAULT_SHOWS = frozenset({"clock_mhz", "temp_c", "power_w"}) | CLOCK_BOUND
+_FAULT_SHOWS = frozenset({"clock_mhz", "temp_c", "power_w"}) | CLOCK_BOUND
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,7 +656,7 @@ class _Shown:
         """Whether `p` is this page's mechanism going on: a hardware fault's indicators on
         its own devices; for an incident about serving slower (`served`), a mechanism it
         moved, on its devices or on the pool aggregate."""
-        if self.hardware and p.metric in FAULT_SHOWS and p.device in self.devices:
+        if self.hardware and p.metric in _FAULT_SHOWS and p.device in self.devices:
             return True
         return (
             served
@@ -671,11 +674,12 @@ def _paged(incidents: list[Incident]) -> _Paged:
     for inc in incidents:
         if not inc.paging:
             continue
-        moved = {m for _, m, _ in inc.supporting()}
+        support = inc.supporting()
+        moved = {m for _, m, _ in support}
         shown = _Shown(
             onset_ts=inc.onset_ts,
             devices=frozenset(inc.devices),
-            mechanisms=frozenset(_mechanisms(inc)),
+            mechanisms=frozenset(_mechanisms(inc, support)),
             hardware=inc.primary_metric in HEAT or _hardware_fault(moved),
         )
         out.setdefault((inc.pool, inc.model), []).append(shown)
