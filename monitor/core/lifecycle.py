@@ -251,27 +251,24 @@ class AlertLifecycle:
         for hw in incidents:
             if hw is inc or not hw.paging or (hw.pool, hw.model) != (inc.pool, inc.model):
                 continue
-            moved = {(metric, layer) for _, metric, layer in hw.supporting()}
-            devices, hosts = hw.devices, hw.hosts
+            shown = _Shown.of(hw)
             # A cooling fault (heat no power explains) is hardware too: its devices
             # throttling later is that fault going on, not a new mechanism.
-            hardware = hw.primary_metric in HEAT or _hardware_fault({m for m, _ in moved})
             if (
                 throttled
-                and hardware
-                and any(p.device in devices or p.host in hosts for p in throttled)
+                and shown.hardware
+                and any(p.device in shown.devices or p.host in hw.hosts for p in throttled)
             ):
                 return hw
             if (
-                hardware
+                shown.hardware
                 and inc.primary_metric in CLOCK_BOUND | QUEUEING
-                and 2 * len(inc.devices & devices) > len(inc.devices)
+                and 2 * len(inc.devices & shown.devices) > len(inc.devices)
                 and not any(self.advisor.new_cause(hw, p) for p in inc.points)
             ):
                 return hw
-            for key in mine.keys() & moved:
-                if any(p.is_aggregate or p.device in devices for p in mine[key]):
-                    return hw
+            if any(shown.shows_mechanism(p) for pts in mine.values() for p in pts):
+                return hw
         return None
 
     def _not_ours(self, inc: Incident) -> bool:
@@ -652,17 +649,30 @@ class _Shown:
     mechanisms: frozenset[tuple[str, str | None]]
     hardware: bool
 
+    @classmethod
+    def of(cls, inc: Incident) -> _Shown:
+        """What `inc`, open and paged, shows."""
+        support = inc.supporting()
+        return cls(
+            onset_ts=inc.onset_ts,
+            devices=frozenset(inc.devices),
+            mechanisms=frozenset(_mechanisms(inc, support)),
+            hardware=inc.primary_metric in HEAT or _hardware_fault({m for _, m, _ in support}),
+        )
+
+    def shows_mechanism(self, p: ChangePoint) -> bool:
+        """Whether `p` is a mechanism this page moved, on its devices or the pool aggregate."""
+        return (p.metric, p.layer) in self.mechanisms and (
+            p.is_aggregate or p.device in self.devices
+        )
+
     def covers(self, p: ChangePoint, served: bool) -> bool:
         """Whether `p` is this page's mechanism going on: a hardware fault's indicators on
         its own devices; for an incident about serving slower (`served`), a mechanism it
-        moved, on its devices or on the pool aggregate."""
+        moved (`shows_mechanism`)."""
         if self.hardware and p.metric in _FAULT_SHOWS and p.device in self.devices:
             return True
-        return (
-            served
-            and (p.metric, p.layer) in self.mechanisms
-            and (p.is_aggregate or p.device in self.devices)
-        )
+        return served and self.shows_mechanism(p)
 
 
 _Paged = dict[tuple[str | None, str | None], list[_Shown]]
@@ -672,17 +682,8 @@ def _paged(incidents: list[Incident]) -> _Paged:
     """What each open, paged incident shows, by (pool, model)."""
     out: _Paged = {}
     for inc in incidents:
-        if not inc.paging:
-            continue
-        support = inc.supporting()
-        moved = {m for _, m, _ in support}
-        shown = _Shown(
-            onset_ts=inc.onset_ts,
-            devices=frozenset(inc.devices),
-            mechanisms=frozenset(_mechanisms(inc, support)),
-            hardware=inc.primary_metric in HEAT or _hardware_fault(moved),
-        )
-        out.setdefault((inc.pool, inc.model), []).append(shown)
+        if inc.paging:
+            out.setdefault((inc.pool, inc.model), []).append(_Shown.of(inc))
     return out
 
 
