@@ -455,12 +455,17 @@ class AlertLifecycle:
         # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
         # an overload a regression, whether they or the queue they come with headline it.
         classed = _classed(inc, support) if load >= OVERLOAD_RATIO else moved
-        if (
+        unseen = self._unseen_load(inc) if load >= OVERLOAD_RATIO else 0.0
+        # Queueing alone, the offered load up, and at a peak the pool never ran at: near
+        # capacity a queue grows as rho / (1 - rho) and past it without bound, so no
+        # earlier burst, however close, says what this load does to the queue, and
+        # nothing in it tells a change from the load (the advisor step, below).
+        queue_only = (
             load >= OVERLOAD_RATIO
-            and classed & _NORMALISED
-            and not _hardware_fault(moved)
-            and self._unseen_load(inc)
-        ):
+            and not classed & _NORMALISED
+            and self._unseen_load(inc, above=1.0) > 0.0
+        )
+        if classed & _NORMALISED and not _hardware_fault(moved) and unseen:
             # Burst against burst: at a load the pool never ran at, what the load model
             # expects of its per-layer efficiency is an extrapolation, and nothing says
             # the efficiency is worse than the pool's own at that load (`_novel_load`).
@@ -484,8 +489,12 @@ class AlertLifecycle:
         suggestion = self.advisor.suggest(
             inc, stage, bottleneck, guardrail(what, metric, before, self.s), level, since=since
         )
-        if bottleneck == "overload" and suggestion.action == "rollback":
+        if bottleneck == "overload" and suggestion.action == "rollback" and not queue_only:
             # A change that fits explains it: the traffic only exposed it. Not overload.
+            # Unless the queue is all there is and the load is one the pool never ran at:
+            # then the load explains the queue (a routing change that sent the load is
+            # named, the record stays capacity), and an admission rule cannot be told
+            # from it until the pool has run at that load before.
             bottleneck = bottleneck_class(stage, classed, explained=True)
         share = len(devices) / n_pool if n_pool else 1.0
         if bottleneck == "synchronisation" and any(layer in COMM_LAYERS for _, _, layer in support):
@@ -556,14 +565,14 @@ class AlertLifecycle:
             return 0.0
         return self._unseen_load(inc)
 
-    def _unseen_load(self, inc: Incident) -> float:
+    def _unseen_load(self, inc: Incident, above: float = OVERLOAD_RATIO) -> float:
         """The peak offered load from the incident's onset to its first detection over the
         highest minute of its pool's look-back before its grouping window, where that is
-        at least `OVERLOAD_RATIO` (0.0: not so, or not known)."""
+        at least `OVERLOAD_RATIO` (`above`: more than that; 0.0: not so, or not known)."""
         ratio = self.advisor.exposure.novelty(
             inc.pool, inc.onset_ts, inc.found_ts, inc.onset_ts - inc.group_window_s
         )
-        return ratio if ratio >= OVERLOAD_RATIO else 0.0
+        return ratio if ratio >= above and ratio > 1.0 else 0.0
 
     @staticmethod
     def _not_judged(inc: Incident) -> list[NotJudged]:
@@ -815,9 +824,11 @@ def summary(
         if len(devices) == 1
         else f"{len(devices)} devices of pool {inc.pool}",
     }[level]
+    after = f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
     cause = (
-        f" after {suggestion.kind} {suggestion.to}->{suggestion.from_}"
-        if suggestion.action == "rollback"
+        f" under offered load x{load:.2f} (capacity){after}"
+        if suggestion.action == "rollback" and bottleneck == "overload"
+        else after if suggestion.action == "rollback"
         else f" under offered load x{load:.2f} (capacity)" if bottleneck == "overload" and load > 1
         else " (capacity: per-layer efficiency unchanged)" if bottleneck == "overload"
         else ""

@@ -138,6 +138,37 @@ def test_a_fitting_change_turns_overload_back_into_a_rollback_page() -> None:
     assert alert.severity == "page"
 
 
+def _queue_after_a_change(earlier_peak: float):
+    """A queue at a request rate of 220 per second, a routing change 5 s before it, after
+    an hour whose bursts peaked at `earlier_peak` per second."""
+    adv = Advisor()
+    adv.add_change(ChangeEvent(
+        v=1, ts=T0 - 5.0, id="chg-3", kind="traffic_policy", scope=ChangeScope(pool=POOL),
+        from_="weight=1.0", to="weight=1.3",
+    ))  # fmt: skip
+    for k in range(360):
+        adv.exposure.observe(POOL, T0 - 3600.0 + 10.0 * k, earlier_peak if k % 120 < 20 else 100.0)
+    for k in range(6):
+        adv.exposure.observe(POOL, T0 + 10.0 * k, 220.0)
+    return AlertLifecycle(AlertSettings(), adv).render(_incident(220.0), T0 + 3 * W, 8, "firing")
+
+
+def test_a_queue_at_a_load_the_pool_never_ran_is_capacity_even_after_a_change() -> None:
+    """A routing change raised a bursting pool's load 1.2x past its highest earlier burst,
+    and the queue exploded: near capacity a queue grows as rho / (1 - rho), so no earlier
+    burst says what this load does to it, and the queue alone cannot tell the change from
+    the load. A capacity record naming the change (`deploy_without_regression` seed 8
+    paged it). Had the pool run at that load before, the change explains the queue."""
+    alert = _queue_after_a_change(earlier_peak=183.0)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    assert alert.suggestion.change_id == "chg-3"
+    assert "capacity" in alert.summary and "traffic_policy" in alert.summary
+    alert = _queue_after_a_change(earlier_peak=225.0)
+    assert alert.bottleneck == "ingress"
+    assert alert.severity == "page"
+
+
 def test_a_traffic_change_long_before_a_bursts_queue_does_not_explain_it() -> None:
     """A traffic-weight change 27 minutes before a burst's queue is no rollback: the burst
     is capacity, like every burst before it (a healthy fleet paged on exactly this)."""
@@ -362,3 +393,4 @@ def test_stages_a_window_apart_are_a_tie_that_goes_upstream() -> None:
 
     assert stage(1) == "ingress"
     assert stage(2) == "validation"
+
