@@ -205,6 +205,26 @@ class Incident:
         m = self.primary_metric
         return [p for p in self.points if p.metric == m]
 
+    def aggregate_share(self) -> float:
+        """The share of its pool its primary metric moved on, as the pool aggregate tells it:
+        the aggregate's shift over the median shift of its devices (0.0: no aggregate of that
+        metric and layer moved at its onset).
+
+        An aggregate is a mean over the pool, so a fault on k of n devices moves it by k / n
+        of their shift: a host's fault moves it a little, a pool's as much as its devices.
+        Streams too young or too noisy to show the shift one by one still move their mean.
+        """
+        metric = self.primary_metric
+        layers: set[str | None] = set(self.layers) or {None}
+        near = 2 * self.window_s
+        shifts = [e.after - e.before for e in self.evidence
+                  if e.is_aggregate and e.metric == metric and e.layer in layers
+                  and abs(e.onset_ts - self.onset_ts) <= near]  # fmt: skip
+        own = median(p.after - p.before for p in self.primary_points())
+        if not shifts or own == 0.0:
+            return 0.0
+        return min(1.0, max(0.0, median(shifts) / own))
+
     def _layer_devices(self) -> dict[str | None, set[str]]:
         by_layer: dict[str | None, set[str]] = {}
         for p in self.primary_points():
@@ -455,7 +475,8 @@ class Incident:
     ) -> ScopeLevel:
         """device, host or pool, from how many of the pool's devices moved.
 
-        `pool` once `pool_fraction` of the pool moved; `host` when the devices share
+        `pool` once `pool_fraction` of the pool moved, on its devices or on its aggregate
+        (`aggregate_share`); `host` when the devices share
         one host, or when most of them are most of one host (a stray device elsewhere
         is noise joining a host's fault); otherwise `device` (one device, or a few
         scattered ones: naming the devices is the honest scope).
@@ -463,6 +484,8 @@ class Incident:
         n = len(self.devices)
         if pool_devices > 0 and n >= max(2, pool_fraction * pool_devices):
             return "pool"
+        if n >= 2 and self.aggregate_share() >= pool_fraction:
+            return "pool"  # the pool's mean moved as far as its devices: the pool did
         if n > 1 and len(self.hosts) == 1:
             return "host"
         if n > 1 and host_sizes:

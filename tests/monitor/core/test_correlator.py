@@ -163,7 +163,8 @@ def test_a_queue_at_a_load_the_pool_never_ran_is_capacity_even_after_a_change() 
     assert alert.bottleneck == "overload"
     assert alert.severity == "info"
     assert alert.suggestion.change_id == "chg-3"
-    assert "capacity" in alert.summary and "traffic_policy" in alert.summary
+    assert "capacity" in alert.summary
+    assert "traffic_policy" in alert.summary
     alert = _queue_after_a_change(earlier_peak=225.0)
     assert alert.bottleneck == "ingress"
     assert alert.severity == "page"
@@ -394,3 +395,29 @@ def test_stages_a_window_apart_are_a_tie_that_goes_upstream() -> None:
     assert stage(1) == "ingress"
     assert stage(2) == "validation"
 
+
+def _mfu_on_some(k: int, pool_shift: float | None):
+    """Attention MFU 0.50 -> 0.43 on `k` of a pool of 24, its aggregate down by `pool_shift`."""
+    devs = [f"h{i // 8}/gpu{i % 8}" for i in range(k)]
+    pts = [dataclasses.replace(_pt(d, "mfu", 0.50, 0.43, T0), layer="attention") for d in devs]
+    if pool_shift is not None:
+        agg = _pt("pool:vision", "mfu", 0.50, 0.50 - pool_shift, T0)
+        pts.append(dataclasses.replace(agg, host=None, layer="attention", detected_ts=T0 + 6 * W))
+    corr = Correlator()
+    corr.add(pts, T0 + 6 * W, {(POOL, MODEL): 24})
+    (inc,) = corr.incidents
+    return inc
+
+
+def test_a_pool_whose_mean_moved_as_far_as_its_devices_is_the_incidents_scope() -> None:
+    """Nine of 24 devices showed a pool-wide kernel regression one by one (young streams),
+    and the pool's mean moved as far as they did: the pool moved (`pool_regression` seed 9
+    was a device ticket without its rollback). A mean that moved by their share of the pool
+    is those devices' fault."""
+    inc = _mfu_on_some(9, pool_shift=0.065)
+    assert inc.aggregate_share() > 0.9
+    assert inc.scope_level(24, 0.5) == "pool"
+    inc = _mfu_on_some(9, pool_shift=0.07 * 9 / 24)
+    assert abs(inc.aggregate_share() - 9 / 24) < 1e-9
+    assert inc.scope_level(24, 0.5) == "device"
+    assert _mfu_on_some(9, pool_shift=None).scope_level(24, 0.5) == "device"
