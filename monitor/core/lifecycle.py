@@ -457,32 +457,7 @@ class AlertLifecycle:
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
         follows = metric in QUEUEING | LOAD_FOLLOWING or metric == "sync_frac"
         load = inc.load_ratio() if follows else 1.0
-        # Collective waits that rose with the offered load (a burst feeding an expert
-        # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
-        # an overload a regression, whether they or the queue they come with headline it.
-        classed = _classed(inc, support) if load >= OVERLOAD_RATIO else moved
-        unseen = self._unseen_load(inc) if load >= OVERLOAD_RATIO else 0.0
-        # Queueing alone, the offered load up, and at a peak the pool never ran at: near
-        # capacity a queue grows as rho / (1 - rho) and past it without bound, so no
-        # earlier burst, however close, says what this load does to the queue, and
-        # nothing in it tells a change from the load (the advisor step, below).
-        queue_only = (
-            load >= OVERLOAD_RATIO
-            and not classed & _NORMALISED
-            and self._unseen_load(inc, above=1.0) > 0.0
-        )
-        if classed & _NORMALISED and not _hardware_fault(moved) and unseen:
-            # Burst against burst: at a load the pool never ran at, what the load model
-            # expects of its per-layer efficiency is an extrapolation, and nothing says
-            # the efficiency is worse than the pool's own at that load (`_novel_load`).
-            # It does not make the queue a regression; a change right before the burst
-            # still can (the advisor, below).
-            classed = classed - _NORMALISED
-        if inc.stragglers():
-            # The members wait for the ones whose hardware failed: the waits are that
-            # fault's consequence, not the collective's (whose class would send on-call
-            # to the interconnect).
-            classed = classed - {"sync_frac"}
+        classed, queue_only = self._classed_under(inc, support, moved, load)
         bottleneck = bottleneck_class(stage, classed)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
@@ -557,6 +532,44 @@ class AlertLifecycle:
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
             not_judged=self._not_judged(inc),
         )
+
+    def _classed_under(
+        self,
+        inc: Incident,
+        support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
+        moved: set[str],
+        load: float,
+    ) -> tuple[set[str], bool]:
+        """What moved, as the bottleneck class reads it at offered load `load`, and whether
+        the incident is queueing alone at a peak the pool never ran at (a change before it
+        does not make that a regression)."""
+        # Collective waits that rose with the offered load (a burst feeding an expert
+        # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
+        # an overload a regression, whether they or the queue they come with headline it.
+        classed = _classed(inc, support) if load >= OVERLOAD_RATIO else moved
+        unseen = self._unseen_load(inc) if load >= OVERLOAD_RATIO else 0.0
+        # Queueing alone, the offered load up, and at a peak the pool never ran at: near
+        # capacity a queue grows as rho / (1 - rho) and past it without bound, so no
+        # earlier burst, however close, says what this load does to the queue, and
+        # nothing in it tells a change from the load (`render`'s advisor step).
+        queue_only = (
+            load >= OVERLOAD_RATIO
+            and not classed & _NORMALISED
+            and self._unseen_load(inc, above=1.0) > 0.0
+        )
+        if classed & _NORMALISED and not _hardware_fault(moved) and unseen:
+            # Burst against burst: at a load the pool never ran at, what the load model
+            # expects of its per-layer efficiency is an extrapolation, and nothing says
+            # the efficiency is worse than the pool's own at that load (`_novel_load`).
+            # It does not make the queue a regression; a change right before the burst
+            # still can (`render`'s advisor step).
+            classed = classed - _NORMALISED
+        if inc.stragglers():
+            # The members wait for the ones whose hardware failed: the waits are that
+            # fault's consequence, not the collective's (whose class would send on-call
+            # to the interconnect).
+            classed = classed - {"sync_frac"}
+        return classed, queue_only
 
     def _novel_load(
         self, inc: Incident, metric: str, moved: set[str], suggestion: Suggestion
