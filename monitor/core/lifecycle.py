@@ -146,18 +146,12 @@ class AlertLifecycle:
         host_sizes: Mapping[str | None, int] | None = None,
     ) -> list[Alert]:
         """Alerts to send now: first pages after settling, and growth updates."""
-        out: list[tuple[int, Alert]] = []
+        out: list[Alert] = []
         self.host_sizes = host_sizes or {}
         sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
         paged = _paged(incidents)
-        # Judged in the order they began, so that an incident whose first record is due in
-        # the same batch as an earlier one's sees that one's page (`_consequence_of`): a
-        # cooling fault paged in this batch is why its job's peers wait, not a second
-        # page beside it. The records still go out in the incidents' order.
-        order = sorted(range(len(incidents)), key=lambda k: incidents[k].onset_ts)
-        for k in order:
-            inc = incidents[k]
+        for inc in incidents:
             # (The fleet stage leaves one pool's incident to the replica that holds it.)
             if inc.status != "open" or inc.parent is not None or self._not_ours(inc):
                 continue
@@ -205,8 +199,8 @@ class AlertLifecycle:
             sent.devices, sent.level, sent.sent_ts = n, level, now_ts
             sent.change = alert.suggestion.change_id
             sent.severity = alert.severity
-            out.append((k, alert))
-        return [alert for _, alert in sorted(out, key=lambda ka: ka[0])]
+            out.append(alert)
+        return out
 
     def restate(
         self, incidents: list[Incident], now_ts: float, pool_devices: dict[PoolKey, int]

@@ -3,11 +3,9 @@ at the next burst joins its page instead of paging again."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
-from bench.diagnose import run_scenario
-from monitor.config import AlertSettings, Settings
+from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator
 from monitor.core.lifecycle import AlertLifecycle
@@ -262,19 +260,3 @@ def test_a_paged_placement_spilling_more_after_a_bursts_first_record_stays_its_p
     assert all(a.bottleneck == "overload" for a in after), after
     _, after = _burst_then(_placement(T0), "n7/gpu6", _spill("mlp"))
     assert [a.bottleneck for a in after] != ["overload"], "another layer's spill is judged"
-
-
-def test_a_cooling_fault_paged_in_the_same_batch_is_why_its_job_waits() -> None:
-    """Two training devices overheat and throttle; the job's other ranks wait for them at
-    the all-reduce, so their device MFU falls too. Both incidents were first due in one
-    batch, the job's listed first: judged in list order it paged as its own ticket beside
-    the cooling page (`thermal_small` seed 117, a duplicate). Judged in the order they
-    began, the cooling page is in place and the waiting is its consequence."""
-    res, alerts = asyncio.run(
-        run_scenario("thermal_small", 64, 117, Settings(), tolerance=6.0, wide=True)
-    )
-    assert res.found == res.incidents == 1, res.misses
-    assert res.duplicate_alerts == 0, [(a.id, a.metric, a.severity) for a in alerts]
-    train = {a.id for a in alerts if a.scope.pool == "train-a"}
-    assert len(train) == 1
-    assert {a.severity for a in alerts if a.id in train} == {"page"}
