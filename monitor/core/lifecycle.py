@@ -581,7 +581,7 @@ class AlertLifecycle:
     def _unseen_load(self, inc: Incident, above: float = OVERLOAD_RATIO) -> float:
         """The peak offered load from the incident's onset to its first detection over the
         highest minute of its pool's look-back before its grouping window, where that is
-        at least `OVERLOAD_RATIO` (`above`: more than that; 0.0: not so, or not known)."""
+        at least `above` and above 1 (0.0: not so, or not known)."""
         ratio = self.advisor.exposure.novelty(
             inc.pool, inc.onset_ts, inc.found_ts, inc.onset_ts - inc.group_window_s
         )
