@@ -540,18 +540,15 @@ class AlertLifecycle:
         # Collective waits that rose with the offered load (a burst feeding an expert
         # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
         # an overload a regression, whether they or the queue they come with headline it.
-        classed = _classed(inc, support) if load >= OVERLOAD_RATIO else moved
-        unseen = self._unseen_load(inc) if load >= OVERLOAD_RATIO else 0.0
+        up = load >= OVERLOAD_RATIO
+        classed = _classed(inc, support) if up else moved
+        novelty = self._load_novelty(inc) if up else 1.0
         # Queueing alone, the offered load up, and at a peak the pool never ran at: near
         # capacity a queue grows as rho / (1 - rho) and past it without bound, so no
         # earlier burst, however close, says what this load does to the queue, and
         # nothing in it tells a change from the load (`render`'s advisor step).
-        queue_only = (
-            load >= OVERLOAD_RATIO
-            and not classed & _NORMALISED
-            and self._unseen_load(inc, above=1.0) > 0.0
-        )
-        if classed & _NORMALISED and not _hardware_fault(moved) and unseen:
+        queue_only = novelty > 1.0 and not classed & _NORMALISED
+        if classed & _NORMALISED and not _hardware_fault(moved) and novelty >= OVERLOAD_RATIO:
             # Burst against burst: at a load the pool never ran at, what the load model
             # expects of its per-layer efficiency is an extrapolation, and nothing says
             # the efficiency is worse than the pool's own at that load (`_novel_load`).
@@ -578,14 +575,17 @@ class AlertLifecycle:
             return 0.0
         return self._unseen_load(inc)
 
-    def _unseen_load(self, inc: Incident, above: float = OVERLOAD_RATIO) -> float:
+    def _load_novelty(self, inc: Incident) -> float:
         """The peak offered load from the incident's onset to its first detection over the
-        highest minute of its pool's look-back before its grouping window, where that is
-        at least `above` and above 1 (0.0: not so, or not known)."""
-        ratio = self.advisor.exposure.novelty(
+        highest minute of its pool's look-back before its grouping window (1.0: unknown)."""
+        return self.advisor.exposure.novelty(
             inc.pool, inc.onset_ts, inc.found_ts, inc.onset_ts - inc.group_window_s
         )
-        return ratio if ratio >= above and ratio > 1.0 else 0.0
+
+    def _unseen_load(self, inc: Incident) -> float:
+        """`_load_novelty` where it is at least `OVERLOAD_RATIO` (0.0: not so, or unknown)."""
+        ratio = self._load_novelty(inc)
+        return ratio if ratio >= OVERLOAD_RATIO else 0.0
 
     @staticmethod
     def _not_judged(inc: Incident) -> list[NotJudged]:
