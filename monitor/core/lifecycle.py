@@ -146,12 +146,12 @@ class AlertLifecycle:
         host_sizes: Mapping[str | None, int] | None = None,
     ) -> list[Alert]:
         """Alerts to send now: first pages after settling, and growth updates."""
-        out: list[Alert] = []
+        out: list[tuple[int, Alert]] = []
         self.host_sizes = host_sizes or {}
         sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
         paged = _paged(incidents)
-        for inc in incidents:
+        for at, inc in _faults_first(incidents):
             # (The fleet stage leaves one pool's incident to the replica that holds it.)
             if inc.status != "open" or inc.parent is not None or self._not_ours(inc):
                 continue
@@ -199,8 +199,9 @@ class AlertLifecycle:
             sent.devices, sent.level, sent.sent_ts = n, level, now_ts
             sent.change = alert.suggestion.change_id
             sent.severity = alert.severity
-            out.append(alert)
-        return out
+            out.append((at, alert))
+        # Judged faults first, sent in the incidents' order (a batch's records keep theirs).
+        return [alert for _, alert in sorted(out, key=lambda x: x[0])]
 
     def restate(
         self, incidents: list[Incident], now_ts: float, pool_devices: dict[PoolKey, int]
@@ -738,6 +739,18 @@ def _beside_pages(
         if own:
             out[key] = own
     return out
+
+
+def _faults_first(incidents: list[Incident]) -> list[tuple[int, Incident]]:
+    """`incidents` by position, the hardware faults that have not paged yet first.
+
+    A throttling device slows the job it is part of, so its fault and its peers' slower
+    steps can become sure in the same record; judged first, the fault's page is open when
+    the peers' incident asks whether a page already shows its mechanism
+    (`AlertLifecycle._consequence_of`), whichever the incident list holds first.
+    """
+    order = list(enumerate(incidents))
+    return sorted(order, key=lambda x: not (x[1].alert_id is None and _Shown.of(x[1]).hardware))
 
 
 def _hardware_fault(moved: set[str]) -> bool:

@@ -3,11 +3,13 @@ at the next burst joins its page instead of paging again."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator
+from monitor.core.coverage import BIT
 from monitor.core.lifecycle import AlertLifecycle
 from monitor.indicators import STAGE_OF
 from monitor.wire import Alert, ChangeEvent, ChangeScope
@@ -260,3 +262,31 @@ def test_a_paged_placement_spilling_more_after_a_bursts_first_record_stays_its_p
     assert all(a.bottleneck == "overload" for a in after), after
     _, after = _burst_then(_placement(T0), "n7/gpu6", _spill("mlp"))
     assert [a.bottleneck for a in after] != ["overload"], "another layer's spill is judged"
+
+
+def test_a_cooling_fault_and_its_jobs_slower_steps_sure_in_one_record_page_once() -> None:
+    """Two devices of a synchronous job heat up and throttle; the six others of one host
+    wait for them (device MFU down) and their incident opened first. Both become sure in
+    the same record: whichever the incident list holds first, the cooling fault pages and
+    the waits are its consequence, not a second alert."""
+    hot = ["n0/gpu4", "n3/gpu7"]
+    peers = [f"n0/gpu{i}" for i in range(8) if f"n0/gpu{i}" not in hot]
+
+    def pt(device: str, metric: str, before: float, after: float, onset: float, det: int
+           ) -> ChangePoint:  # fmt: skip
+        p = _pt(device, metric, before, after, onset)
+        return dataclasses.replace(p, pool="train-a", model="llama@v1",
+                                   detected_ts=onset + det * W, fields=BIT["power_w"])  # fmt: skip
+
+    counts, hosts = {("train-a", "llama@v1"): 64}, {f"n{i}": 8 for i in range(8)}
+    corr = Correlator()
+    heat = [pt(d, "temp_c", 70.0, 90.0, T0, 2) for d in hot]
+    clocks = [pt(d, "clock_mhz", 1755.0, 1500.0, T0 + 2 * W, 3) for d in hot]
+    corr.add(heat + clocks, T0 + 5 * W, counts)
+    corr.add([pt(d, "device_mfu", 0.45, 0.41, T0 + 2 * W, 4) for d in peers], T0 + 6 * W, counts)
+    corr.add([], T0 + 9 * W, counts)  # the heat is judged a cooling fault
+    assert [i.primary_metric for i in corr.incidents] == ["device_mfu", "temp_c"]
+    for order in (1, -1):
+        incidents = copy.deepcopy(corr.incidents)[::order]
+        alerts = _lifecycle().due(incidents, T0 + 9 * W, counts, hosts)
+        assert [(a.metric, a.severity) for a in alerts] == [("temp_c", "page")], order
