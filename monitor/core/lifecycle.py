@@ -749,8 +749,11 @@ def _faults_first(incidents: list[Incident]) -> list[tuple[int, Incident]]:
     the peers' incident asks whether a page already shows its mechanism
     (`AlertLifecycle._consequence_of`), whichever the incident list holds first.
     """
-    order = list(enumerate(incidents))
-    return sorted(order, key=lambda x: not (x[1].alert_id is None and _Shown.of(x[1]).hardware))
+
+    def new_fault(inc: Incident) -> bool:
+        return inc.status == "open" and inc.alert_id is None and _Shown.of(inc).hardware
+
+    return sorted(enumerate(incidents), key=lambda x: not new_fault(x[1]))
 
 
 def _hardware_fault(moved: set[str]) -> bool:
