@@ -326,6 +326,7 @@ class Incident:
         return {
             p.device for p in everything
             if p.metric in HEAT and p.device in clocked and heat_lo <= p.onset_ts <= hi
+            and not p.is_aggregate  # a pool's aggregate is no member to cordon
         }  # fmt: skip
 
     def load_ratio(self) -> float:

@@ -94,6 +94,9 @@ class AlertState:
     # Per sink: what may still be open there (`AlertmanagerSink.delivery_state`), kept by
     # the runner so that the checkpoint carries it to a restarted or new owner.
     delivery: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # The members its records named as throttling (`Incident.stragglers`), sorted: what
+    # on-call was told, though the incident's median onset and waiting share move on.
+    stragglers: list[str] = field(default_factory=list)
 
 
 class AlertLifecycle:
@@ -166,6 +169,10 @@ class AlertLifecycle:
                            default=None)  # fmt: skip
                 if sure is None:
                     continue
+                if _awaits_fault(inc, incidents, sure_at):
+                    # Its job's throttling member is a fault that is sure but settling:
+                    # judged after that fault's page, it is seen to be its consequence.
+                    continue
                 if self._consequence_of(inc, incidents) is not None:
                     # One mechanism, one page: an open page already shows what moved here
                     # again (its devices serving slower: their queue, the pool's latency).
@@ -199,6 +206,8 @@ class AlertLifecycle:
             sent.devices, sent.level, sent.sent_ts = n, level, now_ts
             sent.change = alert.suggestion.change_id
             sent.severity = alert.severity
+            if alert.bottleneck == "thermal_power":
+                sent.stragglers = sorted({*sent.stragglers, *view.stragglers()})
             out.append((at, alert))
         # Judged faults first, sent in the incidents' order (a batch's records keep theirs).
         return [alert for _, alert in sorted(out, key=lambda x: x[0])]
@@ -228,7 +237,9 @@ class AlertLifecycle:
         shows again (or None): one mechanism, one page.
 
         - a throttle: the clock stepped down again, as it began, on that hardware fault's
-          devices or hosts (those devices were already found faulty, so one is enough);
+          devices or hosts (those devices were already found faulty, so one is enough),
+          or on a member that a job's page names as the throttling one its collective
+          waits for (`Incident.stragglers`);
         - a throttle cycling: most of this incident's devices are that hardware fault's,
           it is about what a clock moves (MFU, the stall share, what serving slower
           moves), and no change landed since that fault began that could be its own
@@ -241,12 +252,7 @@ class AlertLifecycle:
           placement indicator) is one the paged incident moved, on its devices or on the
           pool aggregate (a placement regression at the next burst).
         """
-        onset = inc.onset_ts
-        lo, hi = onset - LEAD_WINDOWS * inc.window_s, onset + inc.group_window_s
-        throttled = [
-            p for p in (*inc.points, *inc.evidence)
-            if p.metric == "clock_mhz" and p.is_regression and lo <= p.onset_ts <= hi
-        ]  # fmt: skip
+        throttled = _throttled(inc)
         served = inc.primary_metric in QUEUEING | LOAD_FOLLOWING
         mine = _mechanisms(inc) if served else {}
         for hw in incidents:
@@ -255,11 +261,11 @@ class AlertLifecycle:
             shown = _Shown.of(hw)
             # A cooling fault (heat no power explains) is hardware too: its devices
             # throttling later is that fault going on, not a new mechanism.
-            if (
-                throttled
-                and shown.hardware
-                and any(p.device in shown.devices or p.host in hw.hosts for p in throttled)
-            ):
+            if throttled and shown.hardware and _shows_fault_of(throttled, hw):
+                return hw
+            # A job's page that named its throttling members already shows their fault.
+            named = self.states.get(hw.alert_id or "")
+            if named is not None and any(p.device in named.stragglers for p in throttled):
                 return hw
             if (
                 shown.hardware
@@ -754,6 +760,49 @@ def _faults_first(incidents: list[Incident]) -> list[tuple[int, Incident]]:
         return inc.status == "open" and inc.alert_id is None and _Shown.of(inc).hardware
 
     return sorted(enumerate(incidents), key=lambda x: not new_fault(x[1]))
+
+
+def _throttled(inc: Incident) -> list[ChangePoint]:
+    """Clock step-downs in `inc`'s support and evidence around its onset (a throttle)."""
+    lo, hi = inc.onset_ts - LEAD_WINDOWS * inc.window_s, inc.onset_ts + inc.group_window_s
+    return [
+        p for p in (*inc.points, *inc.evidence)
+        if p.metric == "clock_mhz" and p.is_regression and lo <= p.onset_ts <= hi
+    ]  # fmt: skip
+
+
+def _shows_fault_of(throttled: list[ChangePoint], hw: Incident) -> bool:
+    """Whether any of these clock step-downs is on `hw`'s devices or hosts."""
+    return any(p.device in hw.devices or p.host in hw.hosts for p in throttled)
+
+
+def _awaits_fault(inc: Incident, incidents: list[Incident], sure_at: dict[int, float]) -> bool:
+    """Whether `inc` must wait for a hardware fault's first page before it is judged.
+
+    A throttling device slows the job it is part of: its peers' slower steps and its own
+    fault are one mechanism, and the peers' incident can become sure a record or two
+    before the fault's, which settles for as long as its detections keep coming. When
+    `inc` itself saw the clock step down on the devices of such a fault (open, sure, not
+    yet judged, of the same pool and model), it waits for that fault's page; then
+    `AlertLifecycle._consequence_of` finds the page already showing it, whichever of the
+    two the detectors finished first. A hardware fault never waits, so none waits forever
+    on another that waits on it.
+    """
+    if _Shown.of(inc).hardware:
+        return False
+    throttled = _throttled(inc)
+    if not throttled:
+        return False
+    return any(
+        hw is not inc
+        and hw.status == "open"
+        and hw.alert_id is None
+        and id(hw) in sure_at
+        and (hw.pool, hw.model) == (inc.pool, inc.model)
+        and _Shown.of(hw).hardware
+        and _shows_fault_of(throttled, hw)
+        for hw in incidents
+    )
 
 
 def _hardware_fault(moved: set[str]) -> bool:

@@ -8,7 +8,7 @@ import dataclasses
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor
-from monitor.core.correlator import ChangePoint, Correlator
+from monitor.core.correlator import ChangePoint, Correlator, Incident
 from monitor.core.coverage import BIT
 from monitor.core.lifecycle import AlertLifecycle
 from monitor.indicators import STAGE_OF
@@ -290,3 +290,93 @@ def test_a_cooling_fault_and_its_jobs_slower_steps_sure_in_one_record_page_once(
         incidents = copy.deepcopy(corr.incidents)[::order]
         alerts = _lifecycle().due(incidents, T0 + 9 * W, counts, hosts)
         assert [(a.metric, a.severity) for a in alerts] == [("temp_c", "page")], order
+
+
+def _train_pt(device: str, metric: str, before: float, after: float, onset: float, det: int,
+              layer: str | None = None) -> ChangePoint:  # fmt: skip
+    p = _pt(device, metric, before, after, onset, layer)
+    return dataclasses.replace(p, pool="train-a", model="llama@v1",
+                               detected_ts=onset + det * W, fields=BIT["power_w"])  # fmt: skip
+
+
+TRAIN_COUNTS = {("train-a", "llama@v1"): 64}
+TRAIN_HOSTS = {f"n{i}": 8 for i in range(8)}
+THROTTLED = ["n0/gpu4", "n3/gpu7"]
+
+
+def _heat_and_clocks(clock_det: int = 3) -> tuple[list[ChangePoint], list[ChangePoint]]:
+    heat = [_train_pt(d, "temp_c", 70.0, 90.0, T0, 2) for d in THROTTLED]
+    clocks = [_train_pt(d, "clock_mhz", 1755.0, 1500.0, T0 + 3 * W, clock_det) for d in THROTTLED]
+    return heat, clocks
+
+
+def test_a_jobs_slower_steps_sure_while_its_throttle_settles_wait_for_its_page() -> None:
+    """The peers' incident (device MFU down, the throttled members' clocks and heat in its
+    evidence) is sure and settled a record before the cooling fault, which a new detection
+    keeps settling: the peers wait for the fault's page and are then its consequence, not
+    an alert of their own before it."""
+    heat, clocks = _heat_and_clocks()
+    peers = [f"n0/gpu{i}" for i in range(8) if f"n0/gpu{i}" not in THROTTLED]
+    slow = [_train_pt(d, "device_mfu", 0.45, 0.41, T0 + 3 * W, 4) for d in peers]
+    again = _train_pt(THROTTLED[0], "temp_c", 70.0, 90.0, T0, 8)
+    incidents = [
+        Incident("train-a", "llama@v1", T0 + 3 * W, T0 + 7 * W, W, points=slow,
+                 evidence=heat + clocks),
+        Incident("train-a", "llama@v1", T0, T0 + 8 * W, W, points=[*heat, again],
+                 evidence=clocks),
+    ]  # fmt: skip
+    lifecycle = _lifecycle()
+    sent = [
+        (k, a.metric, a.severity)
+        for k in range(8, 12)
+        for a in lifecycle.due(incidents, T0 + k * W, TRAIN_COUNTS, TRAIN_HOSTS)
+    ]
+    assert sent == [(9, "temp_c", "page")]
+    assert incidents[0].status == "resolved"
+
+
+def test_a_throttle_its_jobs_page_named_does_not_page_again_after_the_job_grew() -> None:
+    """A job's page named its throttling members (their clocks and heat, its waits); more
+    members slowed later, so its waiting share no longer names them. The cooling fault of
+    those members, sure after that, is what the page already told: it does not page."""
+    heat, clocks = _heat_and_clocks()
+    slow = [_train_pt(d, "mfu", 0.60, 0.52, T0 + 3 * W, 4, "mlp") for d in ("n0/gpu0", "n0/gpu1")]
+    waits = [_train_pt("n0/gpu0", "sync_frac", 0.03, 0.2, T0 + 3 * W, 4, "allreduce")]
+    job = Incident("train-a", "llama@v1", T0 + 3 * W, T0 + 7 * W, W, points=slow,
+                   evidence=heat + clocks + waits)  # fmt: skip
+    lifecycle = _lifecycle()
+    first = lifecycle.due([job], T0 + 8 * W, TRAIN_COUNTS, TRAIN_HOSTS)
+    assert [a.bottleneck for a in first] == ["thermal_power"]
+    assert "throttling n0/gpu4, n3/gpu7" in first[0].summary
+    job.points.extend(
+        _train_pt(f"n{h}/gpu{g}", "mfu", 0.60, 0.52, T0 + 9 * W, 2, "mlp")
+        for h in (1, 2) for g in range(4)
+    )  # fmt: skip
+    assert not job.stragglers()
+    fault = Incident(
+        "train-a", "llama@v1", T0, T0 + 12 * W, W,
+        points=[_train_pt(d, "temp_c", 70.0, 90.0, T0, 12) for d in THROTTLED],
+        evidence=[_train_pt(d, "clock_mhz", 1755.0, 1500.0, T0 + 3 * W, 9) for d in THROTTLED],
+    )  # fmt: skip
+    sent = [
+        (k, a.metric)
+        for k in range(11, 16)
+        for a in lifecycle.due([job, fault], T0 + k * W, TRAIN_COUNTS, TRAIN_HOSTS)
+    ]
+    assert "temp_c" not in [m for _, m in sent]
+    assert fault.status == "resolved"
+
+
+def test_a_pools_aggregate_is_never_named_a_throttling_member() -> None:
+    """The pool aggregate's heat and clock moved with its members': the page names the
+    members to cordon, not `pool:train-a`."""
+    heat, clocks = _heat_and_clocks()
+    pooled = [
+        dataclasses.replace(p, device="pool:train-a", host=None)
+        for p in (heat[0], clocks[0])
+    ]  # fmt: skip
+    slow = [_train_pt(d, "mfu", 0.60, 0.52, T0 + 3 * W, 4, "mlp") for d in ("n0/gpu0", "n0/gpu1")]
+    waits = [_train_pt("n0/gpu0", "sync_frac", 0.03, 0.2, T0 + 3 * W, 4, "allreduce")]
+    job = Incident("train-a", "llama@v1", T0 + 3 * W, T0 + 7 * W, W, points=slow,
+                   evidence=heat + clocks + pooled + waits)  # fmt: skip
+    assert job.stragglers() == set(THROTTLED)
