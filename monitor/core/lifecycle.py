@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
 import numpy as np
 
 from monitor.config import AlertSettings
@@ -192,6 +193,7 @@ class AlertLifecycle:
                 view, now_ts, n_pool, "firing", level=level, shown=_shown_before(inc, paged)
             )
             sent = self.state(inc)
+            alert = _held(alert, sent)
             # Big growth re-sends at once; any other change in count at a calm pace.
             grew = n >= sent.devices * (1 + self.s.update_growth) or (
                 n != sent.devices
@@ -229,7 +231,8 @@ class AlertLifecycle:
             view, n_pool, level = self._view(inc, pool_devices)
             view.detected_ts = inc.detected_ts
             shown = _shown_before(inc, paged)
-            out.append(self.render(view, now_ts, n_pool, "firing", level=level, shown=shown))
+            alert = self.render(view, now_ts, n_pool, "firing", level=level, shown=shown)
+            out.append(_held(alert, self.state(inc)))
         return out
 
     def _consequence_of(self, inc: Incident, incidents: list[Incident]) -> Incident | None:
@@ -760,6 +763,25 @@ def _faults_first(incidents: list[Incident]) -> list[tuple[int, Incident]]:
         return inc.status == "open" and inc.alert_id is None and _Shown.of(inc).hardware
 
     return sorted(enumerate(incidents), key=lambda x: not new_fault(x[1]))
+
+
+def _held(alert: Alert, sent: AlertState) -> Alert:
+    """`alert` at no lower a severity than its incident's records already had.
+
+    Alertmanager tells alerts apart by their labels, severity among them: a page whose
+    next record is a ticket resolves the page there, and the page after it notifies
+    again, one incident paging twice while nothing recovered. A view that grew to a
+    host, or a throttling member that left the job's waiting share, is no recovery; only
+    resolution ends a page. A capacity record (`overload`) is the exception: it says the
+    page was load, not a regression, and must read so.
+    """
+    if (
+        sent.severity is None
+        or alert.bottleneck == "overload"
+        or _RANK[alert.severity] >= _RANK[sent.severity]
+    ):
+        return alert
+    return msgspec.structs.replace(alert, severity=sent.severity)
 
 
 def _throttled(inc: Incident) -> list[ChangePoint]:

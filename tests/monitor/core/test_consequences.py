@@ -6,11 +6,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import msgspec
+
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator, Incident
 from monitor.core.coverage import BIT
-from monitor.core.lifecycle import AlertLifecycle
+from monitor.core.lifecycle import AlertLifecycle, _held
 from monitor.indicators import STAGE_OF
 from monitor.wire import Alert, ChangeEvent, ChangeScope
 
@@ -353,6 +355,15 @@ def test_a_throttle_its_jobs_page_named_does_not_page_again_after_the_job_grew()
         for h in (1, 2) for g in range(4)
     )  # fmt: skip
     assert not job.stragglers()
+    # Grown to ten devices and no longer naming its throttle, the job's next record reads
+    # as another class; it is still the page it was, not a ticket that ends the page.
+    grown = lifecycle.due([job], T0 + 11 * W, TRAIN_COUNTS, TRAIN_HOSTS)
+    assert [(a.bottleneck, a.severity) for a in grown] == [("unclassified", "page")]
+    # Read again as a capacity record, it may say so: load is no regression to page for.
+    capacity = msgspec.structs.replace(grown[0], bottleneck="overload", severity="info")
+    assert _held(capacity, lifecycle.state(job)).severity == "info"
+    ticket = msgspec.structs.replace(grown[0], severity="ticket")
+    assert _held(ticket, lifecycle.state(job)).severity == "page"
     fault = Incident(
         "train-a", "llama@v1", T0, T0 + 12 * W, W,
         points=[_train_pt(d, "temp_c", 70.0, 90.0, T0, 12) for d in THROTTLED],
@@ -360,7 +371,7 @@ def test_a_throttle_its_jobs_page_named_does_not_page_again_after_the_job_grew()
     )  # fmt: skip
     sent = [
         (k, a.metric)
-        for k in range(11, 16)
+        for k in range(12, 16)
         for a in lifecycle.due([job, fault], T0 + k * W, TRAIN_COUNTS, TRAIN_HOSTS)
     ]
     assert "temp_c" not in [m for _, m in sent]
