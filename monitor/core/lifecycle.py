@@ -689,7 +689,7 @@ class _Shown:
             onset_ts=inc.onset_ts,
             devices=frozenset(inc.devices),
             mechanisms=frozenset(_mechanisms(inc, support)),
-            hardware=inc.primary_metric in HEAT or _hardware_fault({m for _, m, _ in support}),
+            hardware=_is_hardware(inc, support),
         )
 
     def shows_mechanism(self, p: ChangePoint) -> bool:
@@ -760,7 +760,7 @@ def _faults_first(incidents: list[Incident]) -> list[tuple[int, Incident]]:
     """
 
     def new_fault(inc: Incident) -> bool:
-        return inc.status == "open" and inc.alert_id is None and _Shown.of(inc).hardware
+        return inc.status == "open" and inc.alert_id is None and _is_hardware(inc)
 
     return sorted(enumerate(incidents), key=lambda x: not new_fault(x[1]))
 
@@ -810,7 +810,7 @@ def _awaits_fault(inc: Incident, incidents: list[Incident], sure_at: dict[int, f
     two the detectors finished first. A hardware fault never waits, so none waits forever
     on another that waits on it.
     """
-    if _Shown.of(inc).hardware:
+    if _is_hardware(inc):
         return False
     throttled = _throttled(inc)
     if not throttled:
@@ -821,10 +821,21 @@ def _awaits_fault(inc: Incident, incidents: list[Incident], sure_at: dict[int, f
         and hw.alert_id is None
         and id(hw) in sure_at
         and (hw.pool, hw.model) == (inc.pool, inc.model)
-        and _Shown.of(hw).hardware
+        and _is_hardware(hw)
         and _shows_fault_of(throttled, hw)
         for hw in incidents
     )
+
+
+def _is_hardware(
+    inc: Incident, support: dict[tuple[Stage, str, str | None], list[ChangePoint]] | None = None
+) -> bool:
+    """Whether `inc` is a hardware fault: a cooling fault, or a clock step-down with heat or
+    power in its support (`support`: `inc.supporting()`, when already at hand)."""
+    if inc.primary_metric in HEAT:
+        return True
+    moved = {m for _, m, _ in (inc.supporting() if support is None else support)}
+    return _hardware_fault(moved)
 
 
 def _hardware_fault(moved: set[str]) -> bool:

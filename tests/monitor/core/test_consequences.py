@@ -266,34 +266,6 @@ def test_a_paged_placement_spilling_more_after_a_bursts_first_record_stays_its_p
     assert [a.bottleneck for a in after] != ["overload"], "another layer's spill is judged"
 
 
-def test_a_cooling_fault_and_its_jobs_slower_steps_sure_in_one_record_page_once() -> None:
-    """Two devices of a synchronous job heat up and throttle; the six others of one host
-    wait for them (device MFU down) and their incident opened first. Both become sure in
-    the same record: whichever the incident list holds first, the cooling fault pages and
-    the waits are its consequence, not a second alert."""
-    hot = ["n0/gpu4", "n3/gpu7"]
-    peers = [f"n0/gpu{i}" for i in range(8) if f"n0/gpu{i}" not in hot]
-
-    def pt(device: str, metric: str, before: float, after: float, onset: float, det: int
-           ) -> ChangePoint:  # fmt: skip
-        p = _pt(device, metric, before, after, onset)
-        return dataclasses.replace(p, pool="train-a", model="llama@v1",
-                                   detected_ts=onset + det * W, fields=BIT["power_w"])  # fmt: skip
-
-    counts, hosts = {("train-a", "llama@v1"): 64}, {f"n{i}": 8 for i in range(8)}
-    corr = Correlator()
-    heat = [pt(d, "temp_c", 70.0, 90.0, T0, 2) for d in hot]
-    clocks = [pt(d, "clock_mhz", 1755.0, 1500.0, T0 + 2 * W, 3) for d in hot]
-    corr.add(heat + clocks, T0 + 5 * W, counts)
-    corr.add([pt(d, "device_mfu", 0.45, 0.41, T0 + 2 * W, 4) for d in peers], T0 + 6 * W, counts)
-    corr.add([], T0 + 9 * W, counts)  # the heat is judged a cooling fault
-    assert [i.primary_metric for i in corr.incidents] == ["device_mfu", "temp_c"]
-    for order in (1, -1):
-        incidents = copy.deepcopy(corr.incidents)[::order]
-        alerts = _lifecycle().due(incidents, T0 + 9 * W, counts, hosts)
-        assert [(a.metric, a.severity) for a in alerts] == [("temp_c", "page")], order
-
-
 def _train_pt(device: str, metric: str, before: float, after: float, onset: float, det: int,
               layer: str | None = None) -> ChangePoint:  # fmt: skip
     p = _pt(device, metric, before, after, onset, layer)
@@ -306,10 +278,31 @@ TRAIN_HOSTS = {f"n{i}": 8 for i in range(8)}
 THROTTLED = ["n0/gpu4", "n3/gpu7"]
 
 
-def _heat_and_clocks(clock_det: int = 3) -> tuple[list[ChangePoint], list[ChangePoint]]:
+def _heat_and_clocks() -> tuple[list[ChangePoint], list[ChangePoint]]:
     heat = [_train_pt(d, "temp_c", 70.0, 90.0, T0, 2) for d in THROTTLED]
-    clocks = [_train_pt(d, "clock_mhz", 1755.0, 1500.0, T0 + 3 * W, clock_det) for d in THROTTLED]
+    clocks = [_train_pt(d, "clock_mhz", 1755.0, 1500.0, T0 + 3 * W, 3) for d in THROTTLED]
     return heat, clocks
+
+
+def test_a_cooling_fault_and_its_jobs_slower_steps_sure_in_one_record_page_once() -> None:
+    """Two devices of a synchronous job heat up and throttle; the six others of one host
+    wait for them (device MFU down) and their incident opened first. Both become sure in
+    the same record: whichever the incident list holds first, the cooling fault pages and
+    the waits are its consequence, not a second alert."""
+    peers = [f"n0/gpu{i}" for i in range(8) if f"n0/gpu{i}" not in THROTTLED]
+    counts, hosts = TRAIN_COUNTS, TRAIN_HOSTS
+    corr = Correlator()
+    heat = [_train_pt(d, "temp_c", 70.0, 90.0, T0, 2) for d in THROTTLED]
+    clocks = [_train_pt(d, "clock_mhz", 1755.0, 1500.0, T0 + 2 * W, 3) for d in THROTTLED]
+    corr.add(heat + clocks, T0 + 5 * W, counts)
+    slow = [_train_pt(d, "device_mfu", 0.45, 0.41, T0 + 2 * W, 4) for d in peers]
+    corr.add(slow, T0 + 6 * W, counts)
+    corr.add([], T0 + 9 * W, counts)  # the heat is judged a cooling fault
+    assert [i.primary_metric for i in corr.incidents] == ["device_mfu", "temp_c"]
+    for order in (1, -1):
+        incidents = copy.deepcopy(corr.incidents)[::order]
+        alerts = _lifecycle().due(incidents, T0 + 9 * W, counts, hosts)
+        assert [(a.metric, a.severity) for a in alerts] == [("temp_c", "page")], order
 
 
 def test_a_jobs_slower_steps_sure_while_its_throttle_settles_wait_for_its_page() -> None:
