@@ -182,6 +182,14 @@ class Incident:
         """Hosts of those devices."""
         return {p.host for p in self.points if p.host}
 
+    def main_host(self) -> str | None:
+        """The host holding most of those devices (the one a host-scope incident is on)."""
+        per_host: dict[str, set[str]] = {}
+        for p in self.points:
+            if p.host:
+                per_host.setdefault(p.host, set()).add(p.device)
+        return min(per_host, key=lambda h: (-len(per_host[h]), h), default=None)
+
     @property
     def primary_metric(self) -> str:
         """The most telling metric (PRIMARY_ORDER) among those that moved on at least half as

@@ -930,7 +930,7 @@ def summary(
     where = {
         "fleet": f"{len(pools)} pools ({', '.join(pools)}; {len(devices)} devices)",
         "pool": f"pool {inc.pool} ({len(devices)} devices)",
-        "host": f"host {devices and sorted(inc.hosts)[0]} ({len(devices)} devices)",
+        "host": f"host {inc.main_host()} ({len(devices)} devices)",
         "device": f"device {devices[0]}"
         if len(devices) == 1
         else f"{len(devices)} devices of pool {inc.pool}",

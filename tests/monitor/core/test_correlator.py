@@ -421,3 +421,17 @@ def test_a_pool_whose_mean_moved_as_far_as_its_devices_is_the_incidents_scope() 
     assert abs(inc.aggregate_share() - 9 / 24) < 1e-9
     assert inc.scope_level(24, 0.5) == "device"
     assert _mfu_on_some(9, pool_shift=None).scope_level(24, 0.5) == "device"
+
+
+def test_a_host_scope_summary_names_the_host_holding_most_of_the_devices() -> None:
+    """Five devices of h9 and a stray one of h1 (which sorts first): host h9 is named."""
+    devs = ["h1/gpu0", *(f"h9/gpu{i}" for i in range(5))]
+    corr = Correlator()
+    corr.add([_pt(d, "device_mfu", 0.4, 0.3, T0) for d in devs], T0 + 3 * W, {(POOL, MODEL): 64})
+    (inc,) = corr.incidents
+    assert inc.main_host() == "h9"
+    lc = AlertLifecycle(AlertSettings(), Advisor())
+    lc.host_sizes = {"h1": 8, "h9": 8}
+    alert = lc.render(inc, T0 + 3 * W, 64, "firing")
+    assert alert.scope.level == "host"
+    assert "on host h9 (6 devices)" in alert.summary
