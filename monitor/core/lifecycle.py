@@ -482,9 +482,17 @@ class AlertLifecycle:
             # from it until the pool has run at that load before.
             bottleneck = bottleneck_class(stage, classed, explained=True)
         share = len(devices) / n_pool if n_pool else 1.0
-        if bottleneck == "synchronisation" and any(layer in COMM_LAYERS for _, _, layer in support):
+        if (
+            bottleneck == "synchronisation"
+            and any(layer in COMM_LAYERS for _, _, layer in support)
+            and "device_mfu" in moved
+        ):
             # A collective is as slow as its slowest member: every rank of the job waits
             # at the barrier for the host that is late, so the whole pool loses the time.
+            # That loss is work not done, so the devices' MFU falls with it. Waits that
+            # rose while their devices' work did not (a host's members waiting a little
+            # longer for one of their own) have cost the job nothing measurable yet:
+            # they are sized by their devices, as any other metric is.
             share = 1.0
         sev = (
             heat_severity(before, after, self.s.page_loss)

@@ -69,7 +69,7 @@ def test_error_rate_noise_alone_does_not_page() -> None:
 def _training(
     windows: int, *, at: int, hosts_bad: tuple[str, ...] = (), thermal: tuple[str, ...] = (),
     scattered_sync: tuple[str, ...] = (), seed: int = 0, unthrottled: int | None = None,
-    cooled: int | None = None, straggling: bool = False,
+    cooled: int | None = None, straggling: bool = False, waits_only: tuple[str, ...] = (),
 ) -> list[list[RawMessage]]:  # fmt: skip
     """32 devices on four hosts of one training pool with an all-reduce layer. From `at`:
     the all-reduces of `hosts_bad` wait 2.5x as long (device MFU -5 %); the devices in
@@ -79,7 +79,8 @@ def _training(
     `straggling`: the job is synchronous, so while `thermal` throttle every member does
     5 % less work per window (device MFU -5 %, per-layer MFU unchanged), the others
     wait 1.5x as long at the all-reduce, the throttled ones hardly wait, and their
-    power falls by a fifth with their clock."""
+    power falls by a fifth with their clock. `waits_only` hosts wait 1.4x as long with
+    their work unchanged."""
     rng = np.random.default_rng(seed)
     out = []
     for w in range(windows):
@@ -89,9 +90,11 @@ def _training(
             name = f"node-{d // 8:03d}/gpu{d % 8}"
             late = w >= at
             slow = late and name.split("/", maxsplit=1)[0] in hosts_bad
+            idle = late and name.split("/", maxsplit=1)[0] in waits_only
             heated = late and name in thermal and (cooled is None or w < cooled)
             hot = heated and (unthrottled is None or w < unthrottled)
-            wait = 0.2 * (2.5 if slow or (late and name in scattered_sync) else 1.0)
+            scattered = late and name in scattered_sync
+            wait = 0.2 * (2.5 if slow or scattered else 1.4 if idle else 1.0)
             waiting = (
                 straggling and late and bool(thermal) and (unthrottled is None or w < unthrottled)
             )
@@ -139,6 +142,20 @@ def test_a_slow_link_on_one_host_pages_at_host_scope_without_rollback() -> None:
     assert last.first_failing_stage == "execution"
     assert last.bottleneck == "synchronisation"
     assert last.suggestion.action != "rollback"
+
+
+def test_a_hosts_waits_with_its_work_unchanged_do_not_page() -> None:
+    """Waits x1.4 on one host while its devices' work holds (device MFU flat): the job lost
+    no work measurable yet, so the waits are sized by their 8 devices of 32, not by the
+    whole job: a host-scope ticket, not a page. Such a rise paged on healthy training and
+    serving pools whose members waited longer for one of their own (`thermal_throttle`
+    and `fleet_day`, seed 22 at 128 devices)."""
+    alerts = _alerts(_training(100, at=45, waits_only=("node-001",)))
+    firing = [a for a in alerts if a.status == "firing" and a.metric == "sync_frac"]
+    assert firing, [(a.metric, a.severity, a.scope.level) for a in alerts]
+    assert firing[-1].scope.hosts == ["node-001"]
+    assert firing[-1].severity == "ticket"
+    assert [a for a in alerts if a.severity == "page"] == []
 
 
 def test_waits_rising_on_scattered_devices_do_not_page() -> None:
