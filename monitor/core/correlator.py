@@ -407,8 +407,9 @@ class Incident:
         same time: one noisy device is the commonest false page in a fleet, while a
         real single-device fault (thermal, a bad link) shows a second indicator.
         "Enough devices" also means a real share of the pool, or most of the devices of
-        some hosts (a bad host, a partial rollout): a handful scattered over the pool,
-        or a third of one host, is what correlated noise looks like.
+        some hosts (a bad host, a partial rollout), at least `min_devices` of them
+        whatever the pool's size: a handful scattered over the pool, or a third of one
+        host, is what correlated noise looks like.
         Heat that nothing heating its device explains (`Correlator._cooling`) is two
         physical indicators already, temperature against power: sure once judged so.
         """
@@ -436,8 +437,10 @@ class Incident:
             clustered = sum(
                 k for h, k in per_host.items() if h is not None and 2 * k >= sizes.get(h, 1 << 30)
             )
-            if n >= need and (
-                clustered >= need or (spread_ok and n >= CLUSTER_SHARE * pool_devices)
+            # Most of some hosts is enough whatever the pool's size: a share of a large
+            # pool can be more devices than one host has, and a bad host must page.
+            if clustered >= min_devices or (
+                spread_ok and n >= need and n >= CLUSTER_SHARE * pool_devices
             ):
                 by_devices = t
                 break

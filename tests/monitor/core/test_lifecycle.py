@@ -174,3 +174,32 @@ def test_onset_never_after_detection_when_later_devices_join() -> None:
     assert inc.onset_ts > inc.detected_ts  # the median onset is a late device's
     alert = AlertLifecycle(AlertSettings(), Advisor()).render(inc, T0 + 12 * W, 8, "firing")
     assert alert.onset_ts <= alert.detected_ts
+
+
+def _wait_rise(g: int) -> ChangePoint:
+    """All-reduce waits x2.5 on device `g` of host node-011 (8 devices)."""
+    return ChangePoint(
+        device=f"node-011/gpu{g}", host="node-011", pool="train-a", model="m@v1",
+        layer="allreduce", metric="sync_frac", stage=STAGE_OF["sync_frac"], onset_ts=T0,
+        detected_ts=T0 + 2 * W, before=0.2, after=0.5, score=1.1, window_s=W,
+    )  # fmt: skip
+
+
+def _host_waits(pool_devices: int, devices: int) -> Correlator:
+    """The waits of the first `devices` of host node-011 rise in a pool of `pool_devices`."""
+    corr = Correlator()
+    corr.add([_wait_rise(g) for g in range(devices)], T0 + 3 * W,
+             {("train-a", "m@v1"): pool_devices})  # fmt: skip
+    return corr
+
+
+def test_a_whole_host_confirms_however_large_its_pool() -> None:
+    """Eight devices of one host are most of that host: confirmed in a 200-device pool too,
+    where 5 % of the pool is ten devices, more than a host has (`sync_contention` at 256
+    devices never paged its bad host). A third of a host stays unconfirmed."""
+    sizes = {"node-011": 8}
+    for pool_devices in (32, 200, 1000):
+        (inc,) = _host_waits(pool_devices, 8).incidents
+        assert inc.confirmed_at(pool_devices, 3, 0.05, sizes) == T0 + 2 * W, pool_devices
+    (inc,) = _host_waits(200, 3).incidents
+    assert inc.confirmed_at(200, 3, 0.05, sizes) is None
