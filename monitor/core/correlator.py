@@ -182,12 +182,17 @@ class Incident:
         """Hosts of those devices."""
         return {p.host for p in self.points if p.host}
 
-    def main_host(self) -> str | None:
-        """The host holding most of those devices (the one a host-scope incident is on)."""
+    def devices_by_host(self) -> dict[str, set[str]]:
+        """Those devices by host (devices without a host left out)."""
         per_host: dict[str, set[str]] = {}
         for p in self.points:
             if p.host:
                 per_host.setdefault(p.host, set()).add(p.device)
+        return per_host
+
+    def main_host(self) -> str | None:
+        """The host holding most of those devices (the one a host-scope incident is on)."""
+        per_host = self.devices_by_host()
         return min(per_host, key=lambda h: (-len(per_host[h]), h), default=None)
 
     @property
@@ -501,11 +506,8 @@ class Incident:
         if n > 1 and len(self.hosts) == 1:
             return "host"
         if n > 1 and host_sizes:
-            per_host: dict[str | None, set[str]] = {}
-            for p in self.points:
-                per_host.setdefault(p.host, set()).add(p.device)
-            whole = [h for h, d in per_host.items()
-                     if h is not None and 2 * len(d) >= host_sizes.get(h, 1 << 30)]  # fmt: skip
+            per_host = self.devices_by_host()
+            whole = [h for h, d in per_host.items() if 2 * len(d) >= host_sizes.get(h, 1 << 30)]
             if len(whole) == 1 and 2 * len(per_host[whole[0]]) > n:
                 return "host"
         return "device"
