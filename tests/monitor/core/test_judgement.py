@@ -89,8 +89,9 @@ def _training(
         for d in range(32):
             name = f"node-{d // 8:03d}/gpu{d % 8}"
             late = w >= at
-            slow = late and name.split("/", maxsplit=1)[0] in hosts_bad
-            idle = late and name.split("/", maxsplit=1)[0] in waits_only
+            host = name.split("/", maxsplit=1)[0]
+            slow = late and host in hosts_bad
+            idle = late and host in waits_only
             heated = late and name in thermal and (cooled is None or w < cooled)
             hot = heated and (unthrottled is None or w < unthrottled)
             scattered = late and name in scattered_sync
