@@ -11,6 +11,7 @@ the change passed, `exposure`). It never proposes a change that landed after tha
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
@@ -147,26 +148,29 @@ class Advisor:
         ]
         return out[::-1]
 
-    def new_cause(self, inc: Incident, p: ChangePoint) -> bool:
+    def new_cause(self, inc: Incident, p: ChangePoint, via: Iterable[ChangePoint] = ()) -> bool:
         """Whether a change landed after anything that could explain `inc` and by the first
         bad window of `p`, of a kind that fits p's stage, where p is: p then has a cause of
         its own and is not more of `inc`. Two windows after inc's onset: the onset
-        estimate's own uncertainty, within which a change may still be inc's cause."""
+        estimate's own uncertainty, within which a change may still be inc's cause.
+
+        `via`: evidence from stages upstream of p's in p's pool. A change that acted at its
+        own stage (a kernel switched, a fallback began: a point of `via` it fits and
+        covers, by that point's first bad window) causes what follows downstream of that
+        stage too: an execution point after a kernel library changed kernels has its own
+        cause, though a kernel change cannot explain an execution stage by itself."""
         lo, hi = inc.onset_ts + 2 * inc.window_s, p.onset_ts + p.window_s
         start = bisect.bisect_right(self._keys, (lo, "\uffff"))
+        landed = []
         for c in self.changes[start:]:
             if c.ts > hi:
                 break
-            sc = c.scope
-            if (
-                p.stage in KIND_STAGES.get(c.kind, frozenset())
-                and sc.pool in (None, p.pool)
-                and sc.model in (None, p.model)
-                and sc.host in (None, p.host)
-                and sc.device in (None, p.device)
-            ):
+            if _acts_on(c, p):
                 return True
-        return False
+            landed.append(c)
+        if not landed:
+            return False  # `via` is not read: the common case costs one binary search
+        return any(c.ts <= e.onset_ts + e.window_s and _acts_on(c, e) for e in via for c in landed)
 
     def suggest(
         self,
@@ -200,6 +204,19 @@ class Advisor:
             confidence=0.3,
             scope=ChangeScope(pool=inc.pool, model=inc.model),
         )
+
+
+def _acts_on(c: ChangeEvent, p: ChangePoint) -> bool:
+    """Whether change `c` could have caused point `p`: its kind fits p's stage and its
+    scope covers p's device."""
+    sc = c.scope
+    return (
+        p.stage in KIND_STAGES.get(c.kind, frozenset())
+        and sc.pool in (None, p.pool)
+        and sc.model in (None, p.model)
+        and sc.host in (None, p.host)
+        and sc.device in (None, p.device)
+    )
 
 
 def _covers(scope: ChangeScope, inc: Incident, level: str) -> bool:

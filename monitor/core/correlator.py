@@ -10,7 +10,7 @@ widens from device to host to pool as more of the pool's devices join.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Literal
@@ -525,8 +525,9 @@ class Correlator:
         self.judged_to = -math.inf
         self.pool_sizes: dict[tuple[str | None, str | None], int] = {}
         # Whether a point has a change of its own after an incident's onset (the advisor's
-        # `new_cause`): then it opens its own incident instead of joining that one.
-        self.new_cause: Callable[[Incident, ChangePoint], bool] | None = None
+        # `new_cause`): then it opens its own incident instead of joining that one. Its
+        # third argument: upstream evidence of the point's pool (`_upstream`).
+        self.new_cause: Callable[[Incident, ChangePoint, Iterable[ChangePoint]], bool] | None = None
 
     def add(
         self,
@@ -541,14 +542,17 @@ class Correlator:
         def opens(p: ChangePoint) -> bool:
             return is_primary(p.metric, p.layer) and p.is_regression and not p.is_aggregate
 
+        # Evidence first: a primary point of this batch may have a cause of its own that
+        # only this batch's evidence shows (`_own_cause`); a new incident takes in the
+        # evidence from `recent` when it opens (`_home`), so the order changes no grouping.
+        for e in (p for p in points if not opens(p)):
+            for inc in self._file(e):
+                touched[id(inc)] = inc
         primary = [p for p in points if opens(p)]
         for p in sorted(primary, key=lambda q: (q.onset_ts, q.device, q.metric, q.layer or "")):
             inc = self._home(p, sizes.get((p.pool, p.model), 0))
             inc.points.append(p)
             touched[id(inc)] = inc
-        for e in (p for p in points if not opens(p)):
-            for inc in self._file(e):
-                touched[id(inc)] = inc
         # Pool sizes come only with batches that bring points or hold incidents; heat is
         # judged later, so the last ones known serve (none after a restore: not shared).
         self.pool_sizes = dict(sizes) or self.pool_sizes
@@ -659,7 +663,20 @@ class Correlator:
         )
 
     def _own_cause(self, inc: Incident, p: ChangePoint) -> bool:
-        return self.new_cause is not None and self.new_cause(inc, p)
+        return self.new_cause is not None and self.new_cause(inc, p, self._upstream(p))
+
+    def _upstream(self, p: ChangePoint) -> Iterator[ChangePoint]:
+        """Recent evidence of p's pool from stages upstream of p's (read only when a change
+        landed in p's pool since an open incident's onset, `Advisor.new_cause`)."""
+        rank = STAGES.index(p.stage)
+        # A kernel's new name shows that a change landed, not that its stage got worse
+        # (a fallback, a spill): a harmless deploy switches kernels too.
+        return (
+            e for e in self.recent
+            if e.pool == p.pool and e.model == p.model and e.is_regression
+            and STAGES.index(e.stage) < rank and e.metric not in LOAD_METRICS
+            and e.metric != "kernel"
+        )  # fmt: skip
 
     def _heat_match(self, p: ChangePoint) -> Incident | None:
         """A cooling fault joins what its own device shows (a throttle found first) or the

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from monitor.core.advisor import NEXT_STEP, Advisor, bottleneck_class
 from monitor.core.correlator import ChangePoint, Correlator, Incident
-from monitor.wire import ChangeEvent, ChangeScope
+from monitor.wire import ChangeEvent, ChangeScope, Stage
 
 T0, W = 1_000_000.0, 10.0
 
@@ -169,3 +169,44 @@ def test_a_regression_after_its_own_change_opens_its_own_incident() -> None:
     adv.add_change(_change("drv", T0 + 200, kind="driver", pool="serve"))
     corr.add([queue_pt(f"h{i}/gpu0", T0 + 210) for i in range(4, 6)], T0 + 230)
     assert len(corr.incidents) == 2
+
+
+def _split_after(evidence: str, change_pool: str) -> list[Incident]:
+    """An all-reduce wait incident opens; a kernel library change lands in `change_pool`
+    two minutes later; then, in one batch, `evidence` rises and MFU falls on the attention
+    layer of four other devices. The incidents that result."""
+    adv = Advisor()
+    corr = Correlator()
+    corr.new_cause = adv.new_cause
+
+    def pt(i: int, metric: str, layer: str, stage: Stage, onset: float, before: float,
+           after: float) -> ChangePoint:  # fmt: skip
+        return ChangePoint(
+            device=f"h{i}/gpu0", host=f"h{i}", pool="train-a", model="llama@v1", layer=layer,
+            metric=metric, stage=stage, onset_ts=onset, detected_ts=onset + 2 * W,
+            before=before, after=after, score=5.0, window_s=W,
+        )  # fmt: skip
+
+    waits = [pt(i, "sync_frac", "allreduce", "execution", T0, 0.2, 0.3) for i in range(4)]
+    corr.add(waits, T0 + 3 * W)
+    adv.add_change(_change("kl", T0 + 120, kind="kernel_lib", pool=change_pool))
+    up = [pt(i, evidence, "attention", "lowering", T0 + 130, 0.0, 0.4) for i in range(4, 8)]
+    mfu = [pt(i, "mfu", "attention", "execution", T0 + 130, 0.5, 0.42) for i in range(4, 8)]
+    corr.add(up + mfu, T0 + 150)
+    return corr.incidents
+
+
+def test_a_change_that_degraded_its_own_stage_splits_what_follows_downstream() -> None:
+    """A kernel library change cannot explain an execution point by itself, but once the
+    pool shows it degrading lowering (a fallback), the MFU drop after it is that change's,
+    not more of an open incident of all-reduce waits: an incident of its own, first
+    failing stage lowering. A kernel's new name alone (a harmless switch), or a change of
+    another pool, splits nothing."""
+    first, own = _split_after("fallback_frac", "train-a")
+    assert {p.metric for p in first.points} == {"sync_frac"}
+    assert {p.metric for p in own.points} == {"mfu"}
+    assert len(own.points) == 4
+    assert own.first_failing_stage() == "lowering"
+    for evidence, pool in (("kernel", "train-a"), ("fallback_frac", "train-b")):
+        (joined,) = _split_after(evidence, pool)
+        assert {p.metric for p in joined.points} == {"sync_frac", "mfu"}
