@@ -2,7 +2,7 @@
 
     python -m bench.diagnose --json out/bench/diagnose.json [--seeds 1-5] [--holdout]
         [--classic] [--devices 128] [--scenario NAME] [--late-join SHARE@FRACTION]
-        [--param NAME=VALUE ...]
+        [--param NAME=VALUE ...] [--hours 2]
     python -m bench.diagnose --healthy-fleet [--seeds 1] [--devices 1024] [--hours 6]
 
 Each scenario runs in process (simulator → pipeline, no broker) with its labels
@@ -10,7 +10,8 @@ as ground truth, once per seed; figures are pooled over the seeds. Runs are wide
 (noise, traffic, headroom and pool sizes drawn per seed) unless `--classic`.
 `--holdout` also runs seeds 101-105, which nobody tunes on, and reports them
 separately. `--healthy-fleet` runs only the long healthy fleet and reports false
-pages and tickets per hour of it. An alert matches a labelled incident when it
+pages and tickets per hour of it. `--hours` sets every scenario's duration (its
+faults keep their places as fractions of the run). An alert matches a labelled incident when it
 names the same pool and its onset lies within `--tolerance` windows of the
 labelled onset.
 
@@ -328,7 +329,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="the classic pack's fixed physics (no per-seed draws)")  # fmt: skip
     ap.add_argument("--healthy-fleet", action="store_true",
                     help="only the long healthy fleet: false pages, tickets per hour")  # fmt: skip
-    ap.add_argument("--hours", type=float, default=None, help="--healthy-fleet duration")
+    ap.add_argument("--hours", type=float, default=None,
+                    help="each scenario's duration (default: the scenario's own)")  # fmt: skip
     ap.add_argument("--tolerance", type=float, default=6.0, help="onset match, in windows")
     ap.add_argument("--scenario", action="append", help="run only these")
     ap.add_argument(
@@ -359,11 +361,10 @@ def main() -> int:
     if args.healthy_fleet:
         names = ["healthy_fleet"]
         seeds = seeds or [1]
-        duration = args.hours * 3600.0 if args.hours else None
     else:
         names = args.scenario or PACK
         seeds = seeds or [1, 2, 3, 4, 5]
-        duration = None
+    duration = args.hours * 3600.0 if args.hours else None
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario {unknown[0]!r}")
