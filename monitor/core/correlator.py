@@ -513,6 +513,10 @@ class Incident:
         return "device"
 
 
+# Upstream points that do not show a change degrading its stage (`Correlator._upstream`).
+_NOT_A_STAGE_WORSE = LOAD_METRICS | QUEUEING | {"kernel"}
+
+
 class Correlator:
     """Groups change points into incidents; evidence may arrive before or after its incident."""
 
@@ -669,13 +673,13 @@ class Correlator:
         """Recent evidence of p's pool from stages upstream of p's (read only when a change
         landed in p's pool since an open incident's onset, `Advisor.new_cause`)."""
         rank = STAGES.index(p.stage)
-        # A kernel's new name shows that a change landed, not that its stage got worse
-        # (a fallback, a spill): a harmless deploy switches kernels too.
+        # Only what shows a stage got worse and load cannot move: a kernel's new name shows
+        # that a change landed (a harmless deploy switches kernels too), and a queue grows
+        # with every burst, whatever changed.
         return (
             e for e in self.recent
             if e.pool == p.pool and e.model == p.model and e.is_regression
-            and STAGES.index(e.stage) < rank and e.metric not in LOAD_METRICS
-            and e.metric != "kernel"
+            and STAGES.index(e.stage) < rank and e.metric not in _NOT_A_STAGE_WORSE
         )  # fmt: skip
 
     def _heat_match(self, p: ChangePoint) -> Incident | None:

@@ -171,9 +171,11 @@ def test_a_regression_after_its_own_change_opens_its_own_incident() -> None:
     assert len(corr.incidents) == 2
 
 
-def _split_after(evidence: str, change_pool: str) -> list[Incident]:
-    """An all-reduce wait incident opens; a kernel library change lands in `change_pool`
-    two minutes later; then, in one batch, `evidence` rises and MFU falls on the attention
+def _split_after(
+    evidence: str, change_pool: str, kind: str = "kernel_lib", stage: Stage = "lowering"
+) -> list[Incident]:
+    """An all-reduce wait incident opens; a change of `kind` lands in `change_pool` two
+    minutes later; then, in one batch, `evidence` rises and MFU falls on the attention
     layer of four other devices. The incidents that result."""
     adv = Advisor()
     corr = Correlator()
@@ -189,8 +191,8 @@ def _split_after(evidence: str, change_pool: str) -> list[Incident]:
 
     waits = [pt(i, "sync_frac", "allreduce", "execution", T0, 0.2, 0.3) for i in range(4)]
     corr.add(waits, T0 + 3 * W)
-    adv.add_change(_change("kl", T0 + 120, kind="kernel_lib", pool=change_pool))
-    up = [pt(i, evidence, "attention", "lowering", T0 + 130, 0.0, 0.4) for i in range(4, 8)]
+    adv.add_change(_change("kl", T0 + 120, kind=kind, pool=change_pool))
+    up = [pt(i, evidence, "attention", stage, T0 + 130, 0.0, 0.4) for i in range(4, 8)]
     mfu = [pt(i, "mfu", "attention", "execution", T0 + 130, 0.5, 0.42) for i in range(4, 8)]
     corr.add(up + mfu, T0 + 150)
     return corr.incidents
@@ -200,8 +202,9 @@ def test_a_change_that_degraded_its_own_stage_splits_what_follows_downstream() -
     """A kernel library change cannot explain an execution point by itself, but once the
     pool shows it degrading lowering (a fallback), the MFU drop after it is that change's,
     not more of an open incident of all-reduce waits: an incident of its own, first
-    failing stage lowering. A kernel's new name alone (a harmless switch), or a change of
-    another pool, splits nothing."""
+    failing stage lowering. A kernel's new name alone (a harmless switch), a change of
+    another pool, or a queue after a traffic policy change (a burst grows one whatever
+    changed) splits nothing."""
     first, own = _split_after("fallback_frac", "train-a")
     assert {p.metric for p in first.points} == {"sync_frac"}
     assert {p.metric for p in own.points} == {"mfu"}
@@ -210,3 +213,5 @@ def test_a_change_that_degraded_its_own_stage_splits_what_follows_downstream() -
     for evidence, pool in (("kernel", "train-a"), ("fallback_frac", "train-b")):
         (joined,) = _split_after(evidence, pool)
         assert {p.metric for p in joined.points} == {"sync_frac", "mfu"}
+    (joined,) = _split_after("queue_depth", "train-a", "traffic_policy", "ingress")
+    assert {p.metric for p in joined.points} == {"sync_frac", "mfu"}
