@@ -154,11 +154,11 @@ class Advisor:
         its own and is not more of `inc`. Two windows after inc's onset: the onset
         estimate's own uncertainty, within which a change may still be inc's cause.
 
-        `via`: evidence from stages upstream of p's in p's pool. A change that acted at its
-        own stage (a kernel switched, a fallback began: a point of `via` it fits and
-        covers, by that point's first bad window) causes what follows downstream of that
-        stage too: an execution point after a kernel library changed kernels has its own
-        cause, though a kernel change cannot explain an execution stage by itself."""
+        `via`: points of p's pool showing a stage upstream of p's got worse. A change that
+        degraded its own stage (a point of `via` it fits and covers, by that point's first
+        bad window: a fallback began, a spill grew) causes what follows downstream of that
+        stage too: an MFU drop after a kernel library's fallback has its own cause, though
+        a kernel library cannot explain an execution stage by itself."""
         lo, hi = inc.onset_ts + 2 * inc.window_s, p.onset_ts + p.window_s
         start = bisect.bisect_right(self._keys, (lo, "\uffff"))
         landed = []
