@@ -400,7 +400,10 @@ class AlertLifecycle:
         """The window at which a paged incident counts as fixed, if this batch has it."""
         st = self.state(inc)
         metric = inc.primary_metric
-        before = judged(metric, median(p.norm_before for p in inc.headline_points()))
+        # The level each device left when the incident began on it: a device found again
+        # later (noise on the degraded level, the same fault at the next burst) started
+        # that point from the degraded level, which is no level to recover to.
+        before = judged(metric, median(p.norm_before for p in _first_per_device(inc)))
         sign = judged_sign(metric)
         # Recovery needs a step back on most devices, not a slow drift of the
         # expectation: a frozen load model extrapolating a new load range is no fix.
@@ -981,6 +984,16 @@ def _evidence(inc: Incident) -> list[Evidence]:
     ]
     out.sort(key=lambda e: (e.onset_ts, STAGES.index(e.stage), e.indicator, e.layer or ""))
     return out
+
+
+def _first_per_device(inc: Incident) -> list[ChangePoint]:
+    """Each device's earliest headline point (by onset)."""
+    first: dict[str, ChangePoint] = {}
+    for p in inc.headline_points():
+        q = first.get(p.device)
+        if q is None or p.onset_ts < q.onset_ts:
+            first[p.device] = p
+    return list(first.values())
 
 
 def _window_levels(

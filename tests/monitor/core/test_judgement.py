@@ -12,9 +12,12 @@ from monitor.core.types import RawMessage
 from monitor.wire import Alert
 
 
-def _serving(windows: int, *, drop_at: int | None, seed: int = 0) -> list[list[RawMessage]]:
+def _serving(
+    windows: int, *, drop_at: int | None, seed: int = 0, dips: tuple[int, ...] = ()
+) -> list[list[RawMessage]]:
     """16 serving devices whose answer quality sits near 0.999 (error rate 0.1 %, lognormal
-    noise); from `drop_at` on, after a model deploy, the error rate is ten times that."""
+    noise); from `drop_at` on, after a model deploy, the error rate is ten times that.
+    From each of `dips`, for 60 windows, it is twice that again."""
     rng = np.random.default_rng(seed)
     out = []
     for w in range(windows):
@@ -29,6 +32,8 @@ def _serving(windows: int, *, drop_at: int | None, seed: int = 0) -> list[list[R
             deployed = drop_at is not None and w >= drop_at
             if deployed:
                 err *= 10
+            if any(d <= w < d + 60 for d in dips):
+                err *= 2
             rec = window(f"node-{d // 8:03d}/gpu{d % 8}", ts, pool="serve-a",
                          model="m@2" if deployed else "m@1",
                          mfu=0.45 * (1 + 0.02 * rng.standard_normal()),
@@ -59,6 +64,18 @@ def test_a_tenfold_error_rate_pages_with_the_deploy_as_rollback() -> None:
     last = [a for a in alerts if a.id == first.id and a.status == "firing"][-1]
     assert last.scope.level == "pool"
     assert last.suggestion.change_id == "deploy-7"
+
+
+def test_a_lasting_tenfold_error_rate_pages_once_and_stays_open() -> None:
+    """After the deploy's page the error rate doubles again three times for ten minutes and
+    comes back to ten times its old level: the devices' later points join the paged
+    incident, starting from the degraded level. The incident is judged recovered against
+    the level its devices left when it began, not that one: while the error rate stays
+    ten times what it was, it neither resolves nor pages again under another id."""
+    alerts = _alerts(_serving(600, drop_at=45, dips=(150, 300, 450), seed=1))
+    pages = {a.id for a in alerts if a.status == "firing" and a.severity == "page"}
+    assert len(pages) == 1, [(a.id, a.status, a.summary) for a in alerts]
+    assert [a for a in alerts if a.status == "resolved"] == []
 
 
 def test_error_rate_noise_alone_does_not_page() -> None:
