@@ -403,7 +403,8 @@ class AlertLifecycle:
         # The level each device left when the incident began on it: a device found again
         # later (noise on the degraded level, the same fault at the next burst) started
         # that point from the degraded level, which is no level to recover to.
-        before = judged(metric, median(p.norm_before for p in _first_per_device(inc)))
+        first = _first_per_device(inc.headline_points())
+        before = judged(metric, median(p.norm_before for p in first))
         sign = judged_sign(metric)
         # Recovery needs a step back on most devices, not a slow drift of the
         # expectation: a frozen load model extrapolating a new load range is no fix.
@@ -864,13 +865,11 @@ def _medians(pts: list[ChangePoint]) -> tuple[float, float]:
 def _spans(pts: list[ChangePoint]) -> tuple[float, float]:
     """Levels before and after a climb found in steps (heat rises over the cooling's time
     constant): per device, before its first step and after its last; medians over them."""
-    first: dict[str, ChangePoint] = {}
     last: dict[str, ChangePoint] = {}
     for p in sorted(pts, key=lambda q: q.onset_ts):
-        first.setdefault(p.device, p)
         last[p.device] = p
     return (
-        float(median(p.before for p in first.values())),
+        float(median(p.before for p in _first_per_device(pts))),
         float(median(p.after for p in last.values())),
     )
 
@@ -986,10 +985,10 @@ def _evidence(inc: Incident) -> list[Evidence]:
     return out
 
 
-def _first_per_device(inc: Incident) -> list[ChangePoint]:
-    """Each device's earliest headline point (by onset)."""
+def _first_per_device(pts: list[ChangePoint]) -> list[ChangePoint]:
+    """Each device's earliest point (by onset; the first listed of a tie)."""
     first: dict[str, ChangePoint] = {}
-    for p in inc.headline_points():
+    for p in pts:
         q = first.get(p.device)
         if q is None or p.onset_ts < q.onset_ts:
             first[p.device] = p
