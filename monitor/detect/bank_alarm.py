@@ -38,15 +38,21 @@ def alarm(det: BankCusum, cells: I64, t: F64, stat: F64) -> Detections:
     jumped = np.abs(jr) >= det.cfg.jump_windows
     up = np.where(jumped, jr > 0, bank[0::2].max(axis=0) >= bank[1::2].max(axis=0))
     d, first = _split_point(det, cells, vals, mu, up)
-    onset = _onset(det, cells, t, times, np.isfinite(vals), first, bank, up, jumped)
-    post = np.isfinite(vals) & (np.arange(det.cfg.history) >= first[:, None])
+    fin = np.isfinite(vals)
+    onset, early = _onset(det, cells, t, times, fin, first, bank, up, jumped)
+    post = fin & (np.arange(det.cfg.history) >= first[:, None])
     if det.cfg.spread_veto > 0:
         keep = _spread_veto(det, cells, stat, vals, post, mu, d, jumped)
         if not keep.all():
             cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]
             vals, post, onset = vals[keep], post[keep], onset[keep]
+            fin, early = fin[keep], early[keep]
             if not cells.size:
                 return Detections.empty()
+    # A shift dated before the ring (the smallest member's run is longer than the ring)
+    # has every sample of the ring after it: its size is their median, not that of the
+    # split's suffix, which with heavy tails can be the last two dips of a small drift.
+    post = np.where(early[:, None], fin, post)
     after = np.nanmedian(np.where(post, vals, np.nan), axis=1)
     before = mu
     big = np.abs(after - before) >= det.cfg.min_rel_change * np.maximum(
@@ -108,9 +114,10 @@ def _onset(
     bank: F32,
     up: _Mask,
     jumped: _Mask,
-) -> F64:
+) -> tuple[F64, _Mask]:
     """The onset: the end of the last window before the split (the first post-change
-    sample's own time when the split is at the ring's oldest slot)."""
+    sample's own time when the split is at the ring's oldest slot), and which onsets
+    were dated before the ring."""
     rix = np.arange(cells.size)
     onset = times[rix, np.maximum(first - 1, 0)]
     onset = np.where((first > 0) & np.isfinite(onset), onset, times[rix, first])
@@ -124,7 +131,7 @@ def _onset(
     if early.any():
         spacing = np.nanmedian(gaps[early], axis=1)
         onset[early] = np.where(np.isfinite(spacing), t[early] - run[early] * spacing, onset[early])
-    return onset
+    return onset, early
 
 
 def _spread_veto(

@@ -244,7 +244,8 @@ class BankReference:
                 best, first = g, i
         onset = times[first - 1] if first > 0 else times[first]
         run = self.run[0] if sign > 0 else self.run[1]
-        if member == 0 and not jumped and run > len(valid) and len(valid) >= 2:
+        early = member == 0 and not jumped and run > len(valid) and len(valid) >= 2
+        if early:
             spacing = float(np.median(np.diff([times[i] for i in valid])))
             onset = t - run * spacing
         if self.spread_veto > 0 and not jumped:
@@ -272,6 +273,8 @@ class BankReference:
                     self.up = [u / r2 for u in self.up]
                     self.dn = [d / r2 for d in self.dn]
                     return None
+        if early:
+            first = valid[0]  # dated before the ring: all of it is after the shift
         post = [vals[i] for i in valid if i >= first]
         after = float(np.median(post))
         before = self.mu

@@ -600,6 +600,27 @@ def test_one_sigma_shift_is_caught_and_onset_is_close() -> None:
     assert np.all(np.sign(hits.after[idx] - hits.before[idx]) == sign[hits.rows[idx]])
 
 
+def test_a_small_shift_dated_before_the_ring_is_sized_on_the_whole_ring() -> None:
+    """A 0.4-sigma drop takes longer than the ring to alarm, so its onset is dated before
+    the ring and every sample there follows it. Its size is their median: with 4 % of
+    windows dipping 4-6 sigma (a host's collective waiting on its slowest device), the
+    split's suffix is often the last dip or two, and a -0.4 % shift read as -3 % or
+    more paged a healthy host as a 6 % regression."""
+    rng = np.random.default_rng(3)
+    n, t_len, at = 400, 1200, 800
+    x = 1.0 + 0.01 * rng.standard_normal((t_len, n, 1))
+    dips = rng.random((t_len, n, 1)) < 0.04
+    x -= np.where(dips, 0.04 + 0.02 * rng.random((t_len, n, 1)), 0.0)
+    x[at:] -= 0.004
+    hits = feed(BankCusum(1, min_rel_change=0.0), x)
+    late = hits.detected_ts >= WINDOW * at
+    assert late.sum() >= 100  # measured 140
+    effect = (hits.after[late] - hits.before[late]) / hits.before[late]
+    assert np.all(effect < 0)
+    assert np.quantile(effect, 0.1) > -0.012  # measured -0.0085 (the split's suffix: -0.020)
+    assert np.mean(effect < -0.03) < 0.02  # measured 0.007 (the split's suffix: 0.071)
+
+
 def test_an_outlier_left_in_the_ring_does_not_drag_the_onset() -> None:
     """A 30-sigma spike ten windows before a 3-sigma step: the onset is the step's, not the
     spike's (the split sees deviations bounded as the front-end does)."""
