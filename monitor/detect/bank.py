@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from monitor.arrays import F32, F64, I32, I64
-from monitor.detect import bank_alarm, bank_state
+from monitor.detect import bank_alarm, bank_ring, bank_state
 from monitor.detect.bank_alarm import ALARM_OUTCOMES
 from monitor.detect.bank_params import STATE_SHAPE, BankParams, param_types
 from monitor.detect.bank_times import TimeRings
@@ -199,7 +199,7 @@ class BankCusum:
         self._s: dict[str, np.ndarray] = {}
         self._bank = np.zeros((2 * self.cfg.n_shifts, 0), dtype=np.float32)
         self._run = np.zeros((2, 0), dtype=np.float32)
-        self._ring = np.zeros((self.cfg.history, 0), dtype=np.float32)
+        self._ring = np.zeros((self.cfg.history, 0), dtype=bank_ring.RING_DTYPE)
         self._times = TimeRings(self.cfg.history, self.n_metrics, bank_state.zeros)
         self._t0 = math.nan  # epoch of the time ring: set by the first wave
         # What became of alarms since the last `drain_stats` (process counters, not state).
@@ -433,7 +433,7 @@ class BankCusum:
         if int(n_new.max()) > _N_MAX:
             np.minimum(n_new, _N_MAX, out=n_new)
         s["n"][sel] = n_new
-        xl = self._ring_step(sel, x, t, holes, here)
+        xl = self._ring_step(sel, x, t, holes, here, int(n_new.min()) <= 1)
         burn = holes
         relearn = None
         if int(n_new.min()) <= self.cfg.burn_in:
@@ -456,22 +456,37 @@ class BankCusum:
         return self._active(sel, x, t, xl, n_new, burn, relearn)
 
     def _ring_step(
-        self, sel: slice | I64, x: F64, t: F64, holes: I64 | None, here: _Mask | None
+        self,
+        sel: slice | I64,
+        x: F64,
+        t: F64,
+        holes: I64 | None,
+        here: _Mask | None,
+        first: bool,
     ) -> F64:
         """Write the wave's samples into the ring; the samples they replace (NaN where a
         slot was empty). Absent cells (`holes`, with `here` their complement) keep their
-        slot, and their ring position stays."""
+        slot, and their ring position stays. `first`: some cell may take its first sample
+        (only those are unanchored)."""
         s, hist = self._s, self.cfg.history
         dense = isinstance(sel, slice)
+        if first:
+            self._anchor_first(sel, x)
+        a, u = _get(s["ra"], sel), _get(s["rs"], sel)
+        d = bank_ring.offsets(x, a, u)
+        if bank_ring.beyond_reach(d):
+            self._refit(_cells_of(sel), x, d)
+            a, u = _get(s["ra"], sel), _get(s["rs"], sel)
+            d = bank_ring.offsets(x, a, u)
         pos = _get(s["pos"], sel)
         self._take_times(sel, pos, t, here)
         p0 = int(pos[0])
         if dense and bool((pos == p0).all()):
             # Cells in lockstep: the ring slot is one row slice.
             row = self._ring[p0, sel]
-            xl = row.astype(np.float64)
+            xl = bank_ring.decode(row, a, u)
             keep = None if holes is None else row[holes]
-            row[...] = x
+            row[...] = d
             pos[...] = (p0 + 1) % hist
             if keep is not None:
                 row[holes] = keep
@@ -485,21 +500,45 @@ class BankCusum:
             flat = pos * np.int64(self._ring.shape[1])
             flat += _cells_of(sel)
             if here is None:
-                xl = np.take(ring, flat).astype(np.float64)
-                ring[flat] = x.astype(np.float32)
+                xl = bank_ring.decode(np.take(ring, flat), a, u)
+                ring[flat] = d.astype(bank_ring.RING_DTYPE)
                 pos += 1
             else:
                 # Absent cells' slots are neither written nor even read.
                 at = np.flatnonzero(here)
                 flat = np.take(flat, at)
                 xl = np.full(x.size, np.nan)
-                xl[at] = np.take(ring, flat).astype(np.float64)
-                ring[flat] = np.take(x, at).astype(np.float32)
+                xl[at] = bank_ring.decode(np.take(ring, flat), np.take(a, at), np.take(u, at))
+                ring[flat] = np.take(d, at).astype(bank_ring.RING_DTYPE)
                 pos += here
             pos *= pos != hist  # wrap around
             if not dense:
                 s["pos"][sel] = pos
         return xl
+
+    def _anchor_first(self, sel: slice | I64, x: F64) -> None:
+        """Anchor the ring of each cell taking its first sample on that sample."""
+        u = _get(self._s["rs"], sel)
+        at = np.flatnonzero((u == 0) & np.isfinite(x))
+        if at.size:
+            cells = _cells_of(sel)[at]
+            self._s["ra"][cells] = x[at]
+            self._s["rs"][cells] = bank_ring.unit_for(np.abs(x[at]))
+
+    def _refit(self, cells: I64, x: F64, d: F64) -> None:
+        """Widen the unit of cells whose sample is beyond their ring's reach, keeping their
+        anchor: samples at the anchor (a metric that sat at exactly 0) stay exact, and the
+        baseline re-anchors the cell on its new level (`_level`)."""
+        with np.errstate(invalid="ignore"):
+            far = np.flatnonzero(np.abs(d) >= bank_ring.REACH)
+        cells, xf = cells[far], x[far]
+        s = self._s
+        anchor, unit = s["ra"][cells], s["rs"][cells]
+        vals = bank_ring.decode(self._ring[:, cells], anchor, unit)
+        spread = np.fmax(np.fmax.reduce(np.abs(vals - anchor), axis=0), np.abs(xf - anchor))
+        wider = bank_ring.unit_holding(anchor.astype(np.float64), 0.0, spread)
+        s["rs"][cells] = wider
+        self._ring[:, cells] = bank_ring.encode(vals, anchor, wider)
 
     def _take_times(self, sel: slice | I64, pos: I32, t: F64, here: _Mask | None) -> None:
         """The wave's times into the time rings (`TimeRings.take`), by row: which cells of
@@ -1093,7 +1132,7 @@ class BankCusum:
     def _chrono(self, cells: I64) -> tuple[F64, F64]:
         """Ring values and times of `cells`, oldest first, one row per cell."""
         order = self._order(cells)
-        vals = np.take_along_axis(self._ring[:, cells].T, order, axis=1).astype(np.float64)
+        vals = np.take_along_axis(self._ring_values(cells), order, axis=1)
         times = self._times.columns(cells, self._s["pos"][cells]).T
         return vals, np.take_along_axis(times, order, axis=1).astype(np.float64)
 
@@ -1104,8 +1143,12 @@ class BankCusum:
 
     def _chrono_values(self, cells: I64) -> F64:
         """Ring values of `cells`, oldest first, one row per cell (`_chrono` without times)."""
-        vals = self._ring[:, cells].T
-        return np.take_along_axis(vals, self._order(cells), axis=1).astype(np.float64)
+        return np.take_along_axis(self._ring_values(cells), self._order(cells), axis=1)
+
+    def _ring_values(self, cells: I64) -> F64:
+        """Ring samples of `cells` in slot order, one row per cell."""
+        s = self._s
+        return bank_ring.decode(self._ring[:, cells].T, s["ra"][cells, None], s["rs"][cells, None])
 
     def _baseline(self, cells: I64) -> None:
         """(Re)set the level from the ring's samples; a never-baselined cell also gets scale/AR."""
@@ -1183,6 +1226,9 @@ class BankCusum:
         s["n"][cells] = np.maximum(s["n"][cells], self.cfg.burn_in)
         # Samples already counted in the level must not be folded in again later.
         self._ring[:, cells] = np.nan
+        # The ring's next samples lie about the level: anchor it there.
+        s["ra"][cells] = np.nan_to_num(mu)
+        s["rs"][cells] = bank_ring.unit_holding(np.nan_to_num(mu), s["sig"][cells], 0.0)
         self._bank[:, cells] = 0.0
         self._run[:, cells] = 0.0
         s["jr"][cells] = 0.0

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from monitor.arrays import F32, F64, I64
+from monitor.detect import bank_ring
 from monitor.detect.base import Detections
 
 if TYPE_CHECKING:
@@ -208,7 +209,18 @@ def _rebaseline(det: BankCusum, cells: I64, vals: F64, post: _Mask) -> None:
     det._run[:, cells] = 0.0
     slots = (s["pos"][cells, None] + np.arange(hist)) % hist
     ring = det._ring[:, cells].T.copy()
-    np.put_along_axis(ring, slots, np.where(post, vals, np.nan).astype(np.float32), axis=1)
+    # The samples to come lie about the new level: anchor the ring there, or those that
+    # arrive before the next baseline are held only to 2^-11 of the shift's size.
+    kept_vals = np.where(post, vals, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row without post samples
+        level = np.nanmedian(kept_vals, axis=1)
+    anchor = np.where(np.isfinite(level), level, s["ra"][cells]).astype(np.float32)
+    spread = np.fmax.reduce(np.abs(kept_vals - anchor[:, None]), axis=1)
+    unit = bank_ring.unit_holding(anchor.astype(np.float64), s["sig"][cells], spread)
+    s["ra"][cells], s["rs"][cells] = anchor, unit
+    kept = bank_ring.encode(kept_vals, anchor[:, None], unit[:, None])
+    np.put_along_axis(ring, slots, kept, axis=1)
     det._ring[:, cells] = ring.T
     k_post = post.sum(axis=1).astype(np.int32)
     s["n"][cells] = k_post

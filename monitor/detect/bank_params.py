@@ -9,7 +9,8 @@ import operator
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
-# The ring keeps samples as float32: a scale under their rounding step is rounding noise.
+# The ring holds a sample near its level to float32's rounding (`bank_ring`): a scale under
+# that step is rounding noise.
 REL_FLOOR_MIN = 2.0**-23
 
 
@@ -182,10 +183,11 @@ class BankParams:
                 "youth, maturity, ar_margin, rel_floor, min_rel_change >= 0, "
                 "abs_floor > 0 required",
             ),
-            # A scale under the ring's float32 rounding step would page on rounding noise.
+            # A scale under the ring's rounding step near the level would page on rounding noise.
             (
                 self.rel_floor < REL_FLOOR_MIN,
-                f"rel_floor >= {REL_FLOOR_MIN:.3g} required: the ring holds float32 samples, "
+                f"rel_floor >= {REL_FLOOR_MIN:.3g} required: the ring holds samples near the level "
+                "to float32's step, "
                 "so a smaller scale relative to the level is rounding noise",
             ),
         )

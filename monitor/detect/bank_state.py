@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from monitor.arrays import I64
-from monitor.detect import _blob
+from monitor.detect import _blob, bank_ring
 from monitor.detect.bank_times import TimeRings
 from monitor.detect.base import StateShapeError
 
@@ -52,6 +52,9 @@ SCALARS: dict[str, type[np.generic]] = {
     "theta": np.float32,  # MA(1) coefficient (0 unless phi came from c2/c1)
     "uprev": np.float32,  # previous ARMA innovation (front-end)
     "ulprev": np.float32,  # previous lagged ARMA innovation (long-run variance)
+    # The ring's samples are float16 offsets from an anchor, in units (`bank_ring`).
+    "ra": np.float32,  # the ring's anchor
+    "rs": np.float32,  # the ring's unit, a power of two (0: no sample yet)
 }
 
 
@@ -83,7 +86,8 @@ def bytes_per_cell(det: BankCusum) -> int:
     scalars = sum(np.dtype(t).itemsize for t in SCALARS.values())
     # `TimeRings.own`, and a share of the row's ring and position.
     times = 4 + (det.cfg.history * 4 + 4) // det.n_metrics
-    return scalars + (2 * det.cfg.n_shifts + 2) * 4 + det.cfg.history * 4 + times
+    ring = det.cfg.history * np.dtype(bank_ring.RING_DTYPE).itemsize
+    return scalars + (2 * det.cfg.n_shifts + 2) * 4 + ring + times
 
 
 def grow(det: BankCusum, need_rows: int) -> None:
@@ -122,7 +126,7 @@ def reserve(det: BankCusum, cap: int) -> None:
     bank[:, :used] = det._bank[:, :used]
     run = zeros((2, cells), np.float32)
     run[:, :used] = det._run[:, :used]
-    ring = zeros((det.cfg.history, cells), np.float32)
+    ring = zeros((det.cfg.history, cells), bank_ring.RING_DTYPE)
     ring[:, :used] = det._ring[:, :used]
     det._times.reserve(cap, det._rows)
     det._s, det._bank, det._run, det._cap = s, bank, run, cap
@@ -191,6 +195,8 @@ def restore(cls: type[_Bank], blob: bytes, params: Mapping[str, Any] | None = No
             raise StateShapeError(f"{changed} shape the state: a checkpoint cannot carry over")
         saved = dict(params)
     det = cls(n_metrics, capacity=1, **saved)
+    if "rs" not in arrays:
+        _anchor_float32_ring(arrays)
     det._s = {name: arrays[name] for name in SCALARS}
     det._split = not np.array_equal(det._s["na"], det._s["ns"])
     if det._split:
@@ -209,3 +215,20 @@ def restore(cls: type[_Bank], blob: bytes, params: Mapping[str, Any] | None = No
     det._t0 = float(arrays["tepoch"][0])
     det._cap = det._rows = rows
     return det
+
+
+def _anchor_float32_ring(arrays: dict[str, np.ndarray]) -> None:
+    """A checkpoint written while the ring held float32 samples: anchor each cell (its
+    level once baselined, else a sample of its ring) and hold the ring as offsets."""
+    ring = arrays["ring"].astype(np.float64)
+    ns = arrays["ns"]
+    fin = np.isfinite(ring)
+    some = ring[np.argmax(fin, axis=0), np.arange(ring.shape[1])]
+    sample = np.where(fin.any(axis=0), some, 0.0)
+    anchor = np.where(ns > 0, arrays["mu"], sample).astype(np.float32)
+    spread = np.fmax.reduce(np.abs(ring - anchor), axis=0) if ring.shape[0] else 0.0
+    scale = np.where(ns > 0, arrays["sig"], 0.0)
+    unit = bank_ring.unit_holding(anchor.astype(np.float64), scale, spread)
+    unit[~fin.any(axis=0) & (ns == 0)] = 0.0  # no sample yet: anchored by its first
+    arrays["ra"], arrays["rs"] = anchor, unit
+    arrays["ring"] = bank_ring.encode(ring, anchor, unit)

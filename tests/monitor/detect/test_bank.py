@@ -917,8 +917,11 @@ def test_vectorised_engine_matches_scalar_reference(seed: int) -> None:
         mine = got.rows == r
         assert [h.detected_ts for h in want] == got.detected_ts[mine].tolist(), r
         assert [h.onset_ts for h in want] == pytest.approx(got.onset_ts[mine].tolist()), r
-        assert [h.before for h in want] == pytest.approx(got.before[mine].tolist(), rel=1e-4)
-        assert [h.after for h in want] == pytest.approx(got.after[mine].tolist(), rel=1e-4)
+        # The ring holds a sample to 2^-11 of its distance from its anchor (`bank_ring`),
+        # a sample or level of the stream: levels and sizes are medians of ring samples.
+        held = 2.0**-11 * float(np.nanmax(x[:, r]) - np.nanmin(x[:, r]))
+        assert [h.before for h in want] == pytest.approx(got.before[mine].tolist(), abs=held)
+        assert [h.after for h in want] == pytest.approx(got.after[mine].tolist(), abs=held)
 
 
 def test_scattered_unsorted_rows_equal_one_at_a_time() -> None:
@@ -1103,9 +1106,12 @@ def test_scale_and_ar_windows_follow_the_scalar_reference(
         for t in range(T):
             ref.update(WINDOW * t, float(x[t, r]))
         assert (det._s["ns"][r], det._s["nb"][r]) == (ref.ns, ref.nb)
-        for name in ("mu", "sig", "phi", "c0"):
+        for name in ("mu", "sig", "c0"):
             assert det._s[name][r] == pytest.approx(getattr(ref, name), rel=1e-4), (name, r)
-        assert det._s["c1"][r] == pytest.approx(ref.c1, abs=1e-5), r
+        # Ring samples are held to 2^-11 of their offset from the level (`bank_ring`), a
+        # few 1e-4 sigma here: a lag product, and so the AR estimate, moves by about that.
+        for name in ("phi", "c1"):
+            assert det._s[name][r] == pytest.approx(getattr(ref, name), abs=5e-5), (name, r)
 
 
 def test_baseline_window_longer_than_scale_and_ar_windows_runs_past_it() -> None:

@@ -65,8 +65,8 @@ def test_unknown_parameter_names_the_valid_ones(kind: str) -> None:
 
 
 def test_scale_floor_below_float32_resolution_is_refused() -> None:
-    """The ring holds float32 samples: a scale floor under their rounding step is refused
-    (with none, a series at 1e8 with unit noise paged on rounding noise)."""
+    """The ring holds a sample near its level to float32's step: a scale floor under it is
+    refused (with none, a series at 1e8 with unit noise paged on rounding noise)."""
     with pytest.raises(ValueError, match=r"rel_floor >= 1\.19e-07 required"):
         make_detector("bank", 1, {"rel_floor": 0.0})
     det = make_detector("bank", 1, {"rel_floor": 2.0**-23, "min_rel_change": 0.0})
