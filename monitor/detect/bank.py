@@ -1201,7 +1201,8 @@ class BankCusum:
         s["lprev"][cells] = 0.0
         s["lprev2"][cells] = 0.0
         s["ns"][cells] = count.astype(np.int32)
-        s["na"][cells] = count.astype(np.int32)
+        if self._split:  # else the AR count is `ns` (`bank_state.idle`)
+            s["na"][cells] = count.astype(np.int32)
         if warm.any():
             self._warm.borrow(self, cells[warm], donor[warm])
 
@@ -1220,8 +1221,9 @@ class BankCusum:
         last = vals[np.arange(cells.size), newest] - mu
         s["mu"][cells] = mu
         s["dprev"][cells] = np.clip(last / s["sig"][cells], -_DZ_FINITE, _DZ_FINITE)
-        s["uprev"][cells] = 0.0
-        s["ulprev"][cells] = 0.0
+        if self.cfg.ma_max > 0:  # else unread (`bank_state.idle`)
+            s["uprev"][cells] = 0.0
+            s["ulprev"][cells] = 0.0
         s["nb"][cells] = fin.sum(axis=1).astype(np.int32)
         s["n"][cells] = np.maximum(s["n"][cells], self.cfg.burn_in)
         # Samples already counted in the level must not be folded in again later.

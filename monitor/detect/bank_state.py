@@ -58,6 +58,21 @@ SCALARS: dict[str, type[np.generic]] = {
 }
 
 
+def idle(det: BankCusum) -> frozenset[str]:
+    """Per-cell scalars the detector's parameters leave unread: the MA term's without it,
+    the family without warm starts, the AR count until a cell borrows. Nothing writes
+    them while idle, so they stay zeros the kernel never backed (`zeros`): 20 B per cell
+    with the defaults. Checkpoints still hold them."""
+    out: set[str] = set()
+    if det.cfg.ma_max == 0:
+        out.update(("theta", "uprev", "ulprev"))
+    if det.cfg.warm_start == 0:
+        out.add("fam")
+    if not det._split:
+        out.add("na")
+    return frozenset(out)
+
+
 # Arrays of at least this many bytes get a mapping of their own (`zeros`); smaller ones
 # are ordinary allocations.
 _MAP_MIN = 1 << 20
@@ -82,8 +97,10 @@ def zeros(shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
 
 def bytes_per_cell(det: BankCusum) -> int:
     """Bytes of state one (stream, metric) cell occupies, its share of its row's time ring
-    included (a cell with a time ring of its own costs `4 * history` more)."""
-    scalars = sum(np.dtype(t).itemsize for t in SCALARS.values())
+    included (a cell with a time ring of its own costs `4 * history` more), its idle
+    scalars not."""
+    unread = idle(det)
+    scalars = sum(np.dtype(t).itemsize for name, t in SCALARS.items() if name not in unread)
     # `TimeRings.own`, and a share of the row's ring and position.
     times = 4 + (det.cfg.history * 4 + 4) // det.n_metrics
     ring = det.cfg.history * np.dtype(bank_ring.RING_DTYPE).itemsize
@@ -117,9 +134,10 @@ def reserve(det: BankCusum, cap: int) -> None:
         return
     used, cells = det._rows * det.n_metrics, cap * det.n_metrics
     s: dict[str, np.ndarray] = {}
+    unread = idle(det)
     for name, dt in SCALARS.items():
         arr = zeros((cells,), dt)
-        if used:
+        if used and name not in unread:
             arr[:used] = det._s[name][:used]
         s[name] = arr
     bank = zeros((2 * det.cfg.n_shifts, cells), np.float32)
@@ -140,8 +158,10 @@ def forget(det: BankCusum, rows: I64) -> None:
     if rows.size == 0:
         return
     cells = (rows[:, None] * det.n_metrics + np.arange(det.n_metrics)).ravel()
-    for arr in det._s.values():
-        arr[cells] = 0
+    unread = idle(det)
+    for name, arr in det._s.items():
+        if name not in unread:
+            arr[cells] = 0
     det._s["sig"][cells] = 1.0  # harmless divisor until the first baseline
     det._bank[:, cells] = 0.0
     det._run[:, cells] = 0.0
@@ -209,6 +229,8 @@ def restore(cls: type[_Bank], blob: bytes, params: Mapping[str, Any] | None = No
         np.minimum(det._s["nb"], det.cfg.baseline_window, out=det._s["nb"])
         np.minimum(det._s["ns"], det._ns_max, out=det._s["ns"])
         np.minimum(det._s["na"], det._ns_max, out=det._s["na"])
+    for name in idle(det):
+        det._s[name] = zeros((rows * n_metrics,), SCALARS[name])  # unread: leave it unbacked
     det._bank, det._run = arrays["bank"], arrays["run"]
     det._ring = arrays["ring"]
     det._times = TimeRings.load(arrays["tring"], arrays["pos"], n_metrics, zeros)

@@ -180,7 +180,8 @@ class WarmStarts:
         s["c2"][cells] = lag2[bad] / n_b
         s["phi"][cells] = det._phi_bound(est_bc[bad], n_b)
         s["na"][cells] = n_b.astype(np.int32)
-        s["theta"][cells] = 0.0
+        if det.cfg.ma_max > 0:  # else unread (`bank_state.idle`)
+            s["theta"][cells] = 0.0
         s["lm"][cells] = 0.0
         s["lv"][cells] = 1.0 / det._lrv_unit if det.cfg.lrv_window > 0 else 0.0
         det._bank[:, cells] = 0.0  # evidence gathered under the wrong whitening

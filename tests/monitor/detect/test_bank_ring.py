@@ -119,3 +119,27 @@ def test_a_checkpoint_with_a_float32_ring_restores_and_detects_alike() -> None:
     assert got.rows.tolist() == want.rows[mine].tolist()
     assert got.detected_ts.tolist() == want.detected_ts[mine].tolist()
     assert set(got.rows.tolist()) >= {0, 1, 2, 3}
+
+
+def test_scalars_the_parameters_leave_unread_are_never_written() -> None:
+    """With the MA term and warm starts off, theta, the ARMA innovations, the family and
+    the AR count are idle: burn-in, alarms, re-baselining, absent cells and forgotten
+    streams never write them (so their pages are never backed), and checkpoints still
+    hold them."""
+    rng = np.random.default_rng(5)
+    T, n, k = 400, 40, 3
+    x = 10.0 + rng.standard_normal((T, n, k))
+    x[200:, :10] += 5.0
+    x[rng.random((T, n, k)) < 0.1] = np.nan
+    det = BankCusum(k, capacity=n)
+    assert bank_state.idle(det) == {"theta", "uprev", "ulprev", "fam", "na"}
+    for name in bank_state.idle(det):
+        det._s[name].flags.writeable = False
+    got = feed(det, x)
+    assert np.unique(got.rows[got.detected_ts >= 200 * WINDOW]).size >= 8
+    det.forget(np.arange(5))
+    feed(det, x[:50], t0=T * WINDOW)
+    back = bank_state.restore(BankCusum, det.snapshot())
+    assert set(_blob.unpack(det.snapshot(), det.kind)[1]) >= bank_state.idle(det)
+    assert bank_state.idle(BankCusum(k, ma_max=0.5, warm_start=64)) == {"na"}
+    assert back.state_bytes_per_cell() == det.state_bytes_per_cell()
