@@ -25,7 +25,7 @@ from monitor.arrays import F32, F64
 
 RING_DTYPE = np.float16
 # Offsets are kept under this many units (float16 holds 65504): a sample farther from
-# its anchor re-anchors its cell.
+# its anchor widens its cell's unit.
 REACH = float(1 << 15)
 # A cell whose first sample is 0 has no magnitude to size its unit by: the smallest unit
 # makes its first non-zero sample widen it (`BankCusum._refit`).
