@@ -535,8 +535,7 @@ class BankCusum:
         s = self._s
         anchor, unit = s["ra"][cells], s["rs"][cells]
         vals = bank_ring.decode(self._ring[:, cells], anchor, unit)
-        spread = np.fmax(np.fmax.reduce(np.abs(vals - anchor), axis=0), np.abs(xf - anchor))
-        wider = bank_ring.unit_holding(anchor.astype(np.float64), 0.0, spread)
+        wider = bank_ring.unit_for_ring(np.vstack([vals, xf]), anchor, 0.0)
         s["rs"][cells] = wider
         self._ring[:, cells] = bank_ring.encode(vals, anchor, wider)
 

@@ -216,8 +216,7 @@ def _rebaseline(det: BankCusum, cells: I64, vals: F64, post: _Mask) -> None:
         warnings.simplefilter("ignore", RuntimeWarning)  # a row without post samples
         level = np.nanmedian(kept_vals, axis=1)
     anchor = np.where(np.isfinite(level), level, s["ra"][cells]).astype(np.float32)
-    spread = np.fmax.reduce(np.abs(kept_vals - anchor[:, None]), axis=1)
-    unit = bank_ring.unit_holding(anchor.astype(np.float64), s["sig"][cells], spread)
+    unit = bank_ring.unit_for_ring(kept_vals.T, anchor, s["sig"][cells])
     s["ra"][cells], s["rs"][cells] = anchor, unit
     kept = bank_ring.encode(kept_vals, anchor[:, None], unit[:, None])
     np.put_along_axis(ring, slots, kept, axis=1)

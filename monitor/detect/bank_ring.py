@@ -48,6 +48,13 @@ def unit_holding(anchor: F64, scale: F64 | float, spread: F64 | float) -> F32:
     return unit_for(mag)
 
 
+def unit_for_ring(vals: F64, anchor: F32 | F64, scale: F64 | float) -> F32:
+    """`unit_holding` with room for every sample of `vals` (one column per cell; NaN for
+    an empty slot) about its cell's anchor."""
+    spread = np.fmax.reduce(np.abs(vals - anchor), axis=0) if vals.shape[0] else 0.0
+    return unit_holding(np.asarray(anchor, dtype=np.float64), scale, spread)
+
+
 def offsets(x: F64, anchor: F32 | F64, unit: F32 | F64) -> F64:
     """Samples as offsets from their anchors, in units (float64; the ring casts them)."""
     d: F64 = (x - anchor) / unit

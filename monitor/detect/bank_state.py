@@ -248,9 +248,8 @@ def _anchor_float32_ring(arrays: dict[str, np.ndarray]) -> None:
     some = ring[np.argmax(fin, axis=0), np.arange(ring.shape[1])]
     sample = np.where(fin.any(axis=0), some, 0.0)
     anchor = np.where(ns > 0, arrays["mu"], sample).astype(np.float32)
-    spread = np.fmax.reduce(np.abs(ring - anchor), axis=0) if ring.shape[0] else 0.0
     scale = np.where(ns > 0, arrays["sig"], 0.0)
-    unit = bank_ring.unit_holding(anchor.astype(np.float64), scale, spread)
+    unit = bank_ring.unit_for_ring(ring, anchor, scale)
     unit[~fin.any(axis=0) & (ns == 0)] = 0.0  # no sample yet: anchored by its first
     arrays["ra"], arrays["rs"] = anchor, unit
     arrays["ring"] = bank_ring.encode(ring, anchor, unit)
