@@ -24,6 +24,7 @@ import numpy as np
 
 from monitor.arrays import F64, I64, Bools
 from monitor.core.coverage import COARSE_LAYER, record_masks
+from monitor.core.layer_index import LayerIndex
 from monitor.hardware import Catalog
 from monitor.indicators import (
     DEVICE_METRICS,
@@ -282,8 +283,7 @@ class StreamTable:
     max_groups: int | None = None
     devices: dict[str, _Device] = field(default_factory=dict)
     device_names: list[str | None] = field(default_factory=list)
-    layer_index: dict[tuple[int, str], int] = field(default_factory=dict)
-    layer_keys: list[tuple[int, str] | None] = field(default_factory=list)
+    layer_index: LayerIndex = field(default_factory=LayerIndex)
     last_kernel: list[str | None] = field(default_factory=list)
     free_device_rows: list[int] = field(default_factory=list)
     free_layer_rows: list[int] = field(default_factory=list)
@@ -294,12 +294,10 @@ class StreamTable:
     # Groups created since the last `take_created` (a new pool, model version or layer).
     created: list[int] = field(default_factory=list)
     newly_unknown: list[tuple[str, str | None, str | None]] = field(default_factory=list)
-    # Per row: the newest window time (NaN: row free), what expiry and eviction go by; and
-    # each layer row's device row (NaN: free), to find a device's layer rows without a scan.
+    # Per row: the newest window time (NaN: row free), what expiry and eviction go by.
     device_seen: F64 = field(default_factory=lambda: np.empty(0))
     layer_seen: F64 = field(default_factory=lambda: np.empty(0))
     group_seen: F64 = field(default_factory=lambda: np.empty(0))
-    layer_device: F64 = field(default_factory=lambda: np.empty(0))
     # Per device row: the fields its newest window record carried (`coverage`); -1 unknown.
     device_fields: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # Rows (device, layer, group) evicted since the last `take_evicted`.
@@ -340,21 +338,17 @@ class StreamTable:
         return dev
 
     def _layer_row(self, dev_row: int, layer: str) -> int:
-        key = (dev_row, layer)
-        row = self.layer_index.get(key)
+        index = self.layer_index
+        row = index.get((dev_row, layer))
         if row is None:
-            key = (dev_row, sys.intern(layer))  # one string per layer type, not per stream
-            row = self.free_layer_rows.pop() if self.free_layer_rows else len(self.layer_keys)
-            if row == len(self.layer_keys):
-                self.layer_keys.append(key)
+            row = self.free_layer_rows.pop() if self.free_layer_rows else index.end
+            if row == len(self.last_kernel):
                 self.last_kernel.append(None)
             else:
-                self.layer_keys[row] = key
                 self.last_kernel[row] = None
-            self.layer_index[key] = row
+            index.add(dev_row, layer, row)
             self.layer_seen = _fit(self.layer_seen, row + 1)
-            self.layer_device = _fit(self.layer_device, row + 1)
-            self.layer_seen[row], self.layer_device[row] = -np.inf, dev_row
+            self.layer_seen[row] = -np.inf
         return row
 
     @staticmethod
@@ -421,7 +415,7 @@ class StreamTable:
 
     def device_of_layer_row(self, row: int) -> tuple[str, str]:
         """(device id, layer type) of a layer stream row."""
-        key = self.layer_keys[row]
+        key = self.layer_index.key(row)
         if key is None:
             raise KeyError(row)
         name = self.device_names[key[0]]
@@ -529,20 +523,15 @@ class StreamTable:
         self.device_seen[rows] = np.nan
         self.device_fields[[r for r in rows if r < self.device_fields.size]] = 0
         self.free_device_rows.extend(rows)
-        n = len(self.layer_keys)
-        layer_rows: list[int] = np.flatnonzero(np.isin(self.layer_device[:n], rows)).tolist()
+        layer_rows = self.layer_index.rows_of_devices(rows)
         self._drop_layers(layer_rows)
         return layer_rows
 
     def _drop_layers(self, rows: list[int]) -> None:
+        self.layer_index.remove(rows)  # only rows in use are dropped
         for row in rows:
-            key = self.layer_keys[row]
-            assert key is not None  # noqa: S101 - only rows in use are dropped
-            del self.layer_index[key]
-            self.layer_keys[row] = None
             self.last_kernel[row] = None
         self.layer_seen[rows] = np.nan
-        self.layer_device[rows] = np.nan
         self.free_layer_rows.extend(rows)
 
     def _drop_groups(self, gids: list[int]) -> None:
@@ -574,7 +563,7 @@ class StreamTable:
         tcodes = np.fromiter(map(type_code.__getitem__, types), dtype=np.int64, count=n)
         drows = np.fromiter(map(_ROW, devs), dtype=np.int64, count=m)
         dts = np.fromiter(map(_TS, recs), dtype=np.float64, count=m)
-        lrows = self._layer_rows(drows[lrec], types)
+        lrows = self._layer_rows(drows[lrec], tcodes, list(type_code))
         is_all = tcodes == type_code.get(COARSE_LAYER, -1)
         # Records whose every layer is `all` (a dcgm-exporter's): their own device family.
         coarse = (counts > 0) & (np.bincount(lrec, weights=~is_all, minlength=m) == 0)
@@ -608,13 +597,12 @@ class StreamTable:
             lkernel=np.fromiter(map(is_not, kernels, repeat(None)), dtype=bool, count=n),
         )
 
-    def _layer_rows(self, dev_rows: I64, types: list[str]) -> I64:
-        """Each layer entry's stream row, new rows in entry order for new streams."""
-        index = self.layer_index
-        keys = zip(dev_rows.tolist(), types, strict=True)
-        rows = np.fromiter(map(index.get, keys, repeat(-1)), dtype=np.int64, count=len(types))
+    def _layer_rows(self, dev_rows: I64, tcodes: I64, type_names: list[str]) -> I64:
+        """Each layer entry's stream row (its type `type_names[code]`), new rows in entry
+        order for new streams."""
+        rows = self.layer_index.lookup(dev_rows, tcodes, type_names)
         for i in np.flatnonzero(rows < 0).tolist():
-            rows[i] = self._layer_row(int(dev_rows[i]), types[i])
+            rows[i] = self._layer_row(int(dev_rows[i]), type_names[tcodes[i]])
         return rows
 
     def _group_ids(
@@ -691,7 +679,8 @@ class StreamTable:
         closes = np.r_[opens[1:], True]
         touched = np.maximum.accumulate(np.where(changed, pos, -1)) >= run_start
         for j in np.flatnonzero(closes & touched).tolist():
-            last[int(run_rows[j])] = names[int(new[latest[j]])]
+            # Interned: one string per kernel name, not one per stream that runs it.
+            last[int(run_rows[j])] = sys.intern(names[int(new[latest[j]])])
         said = np.flatnonzero(changed & (old >= 0))
         said = said[np.argsort(order[said])]  # back to entry order
         return [
@@ -791,14 +780,14 @@ class StreamTable:
                 [_device_row(name, d) for name, d in self.devices.items()],
                 self.device_names,
                 [(row, layer, r) for (row, layer), r in self.layer_index.items()],
-                self.layer_keys,
+                self.layer_index.keys_by_row(),
                 self.last_kernel,
                 self.free_device_rows,
                 self.free_layer_rows,
                 list(self.unknown_hw.items()),
                 self.group_keys,
                 self.free_groups,
-                self.layer_seen[: len(self.layer_keys)].tobytes(),
+                self.layer_seen[: self.layer_index.end].tobytes(),
                 self.group_seen[: len(self.group_keys)].tobytes(),
                 _fit_mask(self.device_fields, len(self.device_names))[
                     : len(self.device_names)
@@ -825,8 +814,7 @@ class StreamTable:
             ttl_s=s.ttl_s if ttl_s is None else float(ttl_s),
             devices={d[0]: _device_of(d) for d in s.devices},
             device_names=s.device_names,
-            layer_index={(row, sys.intern(layer)): r for row, layer, r in s.layer_index},
-            layer_keys=[None if k is None else (k[0], k[1]) for k in s.layer_keys],
+            layer_index=_index_of(s.layer_index, len(s.layer_keys)),
             last_kernel=s.last_kernel,
             free_device_rows=s.free_device_rows,
             free_layer_rows=s.free_layer_rows,
@@ -841,16 +829,13 @@ class StreamTable:
         t.device_seen = _fit(t.device_seen, len(t.device_names))
         for d in t.devices.values():
             t.device_seen[d.row] = d.last_ts
-        t.layer_device = _fit(t.layer_device, len(t.layer_keys))
-        for (dev_row, _), r in t.layer_index.items():
-            t.layer_device[r] = dev_row
-        t.layer_seen = _fit(t.layer_seen, len(t.layer_keys))
+        t.layer_seen = _fit(t.layer_seen, t.layer_index.end)
         t.group_seen = _fit(t.group_seen, len(t.group_keys))
         if s.layer_seen:
-            t.layer_seen[: len(t.layer_keys)] = np.frombuffer(s.layer_seen, dtype=np.float64)
+            t.layer_seen[: t.layer_index.end] = np.frombuffer(s.layer_seen, dtype=np.float64)
         elif t.layer_index:  # written before per-row times were kept: each stream's device's
             live = np.array(list(t.layer_index.values()), dtype=np.int64)
-            t.layer_seen[live] = t.device_seen[t.layer_device[live].astype(np.int64)]
+            t.layer_seen[live] = t.device_seen[t.layer_index.row_device[live]]
         t.device_fields = _fit_mask(t.device_fields, len(t.device_names))
         if s.device_fields:
             t.device_fields[: len(t.device_names)] = np.frombuffer(s.device_fields, np.int64)
@@ -862,6 +847,15 @@ class StreamTable:
             newest = max((d.last_ts for d in t.devices.values()), default=-np.inf)
             t.group_seen[list(t.groups.values())] = newest
         return t
+
+
+def _index_of(entries: list[tuple[int, str, int]], end: int) -> LayerIndex:
+    """A checkpoint's (device row, layer type, row) entries as an index of `end` rows."""
+    index = LayerIndex()
+    index.reserve(end)
+    for dev_row, layer, row in entries:
+        index.add(dev_row, layer, row)
+    return index
 
 
 _FLOPS = LAYER_INPUTS.index("flops")

@@ -321,7 +321,7 @@ def test_at_the_device_cap_the_least_recently_seen_are_evicted_and_their_rows_re
     assert p.stats.records_capacity == 0
     # Row ids (what the detectors' arrays grow to) stay under the cap: rows are reused.
     assert len(st.table.device_names) == 24
-    assert len(st.table.layer_keys) == 2 * 24
+    assert st.table.layer_index.end == 2 * 24
     # The newest generation reported 12 windows, on rows an older generation held: each of
     # its cells counts its own 12 samples, none of the evicted device's.
     det = st.detectors["layer"]

@@ -36,10 +36,11 @@ def test_stream_table_round_trips_with_its_orders() -> None:
     table = p.partitions[0].table
     table.expire(table.devices[next(iter(table.devices))].last_ts + table.ttl_s + 1)
     back = StreamTable.restore(table.snapshot(), p.catalog)
-    for name in ("devices", "device_names", "layer_keys", "last_kernel", "free_device_rows",
+    for name in ("devices", "device_names", "last_kernel", "free_device_rows",
                  "free_layer_rows", "unknown_hw", "groups", "group_keys", "ttl_s"):  # fmt: skip
         assert getattr(back, name) == getattr(table, name), name
     assert list(back.layer_index.items()) == list(table.layer_index.items())
+    assert back.layer_index.keys_by_row() == table.layer_index.keys_by_row()
 
 
 def test_incidents_round_trip_with_fleet_children_and_alert_state() -> None:

@@ -198,12 +198,14 @@ def test_snapshot_after_eviction_restores_the_same_table() -> None:
         table.take_evicted()
     table.expire(T0 + 200.0)
     back = StreamTable.restore(table.snapshot(), Catalog(), max_devices=3, max_groups=6)
-    for name in ("devices", "device_names", "layer_keys", "free_device_rows", "free_layer_rows",
+    for name in ("devices", "device_names", "free_device_rows", "free_layer_rows",
                  "groups", "group_keys", "free_groups"):  # fmt: skip
         assert getattr(back, name) == getattr(table, name), name
-    for name in ("device_seen", "layer_seen", "group_seen", "layer_device"):
-        n = len(table.layer_keys if name.startswith("layer") else
-                 table.group_keys if name == "group_seen" else table.device_names)  # fmt: skip
+    assert back.layer_index.keys_by_row() == table.layer_index.keys_by_row()
+    assert back.layer_index.end == table.layer_index.end
+    for name in ("device_seen", "layer_seen", "group_seen"):
+        n = (table.layer_index.end if name.startswith("layer") else
+             len(table.group_keys if name == "group_seen" else table.device_names))  # fmt: skip
         assert np.array_equal(getattr(back, name)[:n], getattr(table, name)[:n], equal_nan=True)
     nxt = _recs(*(window(f"e{k}/0", T0 + 300.0, pool="q") for k in range(2)))
     f1, _ = table.build(nxt)
