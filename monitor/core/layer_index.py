@@ -75,10 +75,18 @@ class LayerIndex(Mapping[Key, int]):
 
     def items(self) -> Iterator[tuple[Key, int]]:  # type: ignore[override]
         """((device row, layer type), row) in row order."""
-        for row in np.flatnonzero(self.row_device >= 0).tolist():
-            key = self.key(row)
-            assert key is not None  # noqa: S101 - rows in use have a key
-            yield key, row
+        rows = np.flatnonzero(self.row_device[: self._end] >= 0)
+        keys = self._keys(rows)
+        return zip(keys, rows.tolist(), strict=True)
+
+    def _keys(self, rows: I64) -> list[Key]:
+        """The keys of these rows in use, one list step per row (checkpoints walk them all)."""
+        types, spilled = self.types, self._spilled_type
+        cols = self._row_column[rows].tolist()
+        layers = [
+            types[c] if c >= 0 else spilled[r] for c, r in zip(cols, rows.tolist(), strict=True)
+        ]
+        return list(zip(self.row_device[rows].tolist(), layers, strict=True))
 
     def values(self) -> Iterator[int]:  # type: ignore[override]
         """Rows in use, in order."""
@@ -164,5 +172,46 @@ class LayerIndex(Mapping[Key, int]):
         return np.flatnonzero(np.isin(self.row_device[: self._end], devs)).tolist()
 
     def keys_by_row(self) -> list[Key | None]:
-        """Every row's key up to `end` (None: free), for checkpoints."""
-        return [self.key(row) for row in range(self._end)]
+        """Every row's key up to `end` (None: free)."""
+        out: list[Key | None] = [None] * self._end
+        for key, row in self.items():
+            out[row] = key
+        return out
+
+    # -- checkpoint ------------------------------------------------------------------
+    def columns(self) -> tuple[bytes, bytes, list[str], list[tuple[int, str]]]:
+        """Per row its device (int32, -1 free) and grid column (int16, -2: spilled), the
+        column's type names, and (row, type) of the spilled rows: `from_columns` input."""
+        end = self._end
+        spilled = sorted(self._spilled_type.items())
+        return (self.row_device[:end].tobytes(), self._row_column[:end].tobytes(),
+                list(self.types), spilled)  # fmt: skip
+
+    @classmethod
+    def from_columns(
+        cls, devices: bytes, columns: bytes, types: list[str], spilled: list[tuple[int, str]]
+    ) -> LayerIndex:
+        """The index `columns` wrote."""
+        dev = np.frombuffer(devices, dtype=np.int32)
+        col = np.frombuffer(columns, dtype=np.int16)
+        if dev.size != col.size or (col >= len(types)).any():
+            raise ValueError("layer index columns disagree")
+        index = cls()
+        index.reserve(dev.size)
+        index.row_device[: dev.size] = dev
+        index._row_column[: col.size] = col
+        index.types = [sys.intern(t) for t in types]
+        index._column = {t: c for c, t in enumerate(index.types)}
+        used = np.flatnonzero(dev >= 0)
+        gridded = used[col[used] >= 0]
+        rows_needed = int(dev[used].max()) + 1 if used.size else 0
+        index._grid = np.full((max(rows_needed, 64), len(types)), _FREE, dtype=np.int32)
+        index._grid[dev[gridded], col[gridded]] = gridded
+        for row, name in spilled:
+            layer = sys.intern(name)
+            index._spilled[(int(dev[row]), layer)] = row
+            index._spilled_type[row] = layer
+        if len(index._spilled) + gridded.size != used.size:
+            raise ValueError("layer index columns disagree")
+        index._count = int(used.size)
+        return index

@@ -779,8 +779,8 @@ class StreamTable:
                 self.ttl_s,
                 [_device_row(name, d) for name, d in self.devices.items()],
                 self.device_names,
-                [(row, layer, r) for (row, layer), r in self.layer_index.items()],
-                self.layer_index.keys_by_row(),
+                [],  # the (device, type) -> row index, as lists before `layer_index` columns
+                [],
                 self.last_kernel,
                 self.free_device_rows,
                 self.free_layer_rows,
@@ -792,6 +792,7 @@ class StreamTable:
                 _fit_mask(self.device_fields, len(self.device_names))[
                     : len(self.device_names)
                 ].tobytes(),
+                *self.layer_index.columns(),
             )
         )
 
@@ -814,7 +815,13 @@ class StreamTable:
             ttl_s=s.ttl_s if ttl_s is None else float(ttl_s),
             devices={d[0]: _device_of(d) for d in s.devices},
             device_names=s.device_names,
-            layer_index=_index_of(s.layer_index, len(s.layer_keys)),
+            layer_index=(
+                _index_of(s.layer_index, len(s.layer_keys))  # written before the grid
+                if s.layer_keys
+                else LayerIndex.from_columns(
+                    s.layer_dev, s.layer_col, s.layer_types, s.layer_spilled
+                )
+            ),
             last_kernel=s.last_kernel,
             free_device_rows=s.free_device_rows,
             free_layer_rows=s.free_layer_rows,
@@ -850,7 +857,8 @@ class StreamTable:
 
 
 def _index_of(entries: list[tuple[int, str, int]], end: int) -> LayerIndex:
-    """A checkpoint's (device row, layer type, row) entries as an index of `end` rows."""
+    """An older checkpoint's (device row, layer type, row) entries as an index of `end`
+    rows."""
     index = LayerIndex()
     index.reserve(end)
     for dev_row, layer, row in entries:
@@ -1014,6 +1022,12 @@ class _TableState(msgspec.Struct, array_like=True):
     layer_seen: bytes = b""  # float64 per layer row
     group_seen: bytes = b""  # float64 per group
     device_fields: bytes = b""  # int64 field mask per device row (`coverage`); empty in older
+    # The layer index's columns (`LayerIndex.columns`); before them, `layer_index` and
+    # `layer_keys` held it as lists (both empty since).
+    layer_dev: bytes = b""
+    layer_col: bytes = b""
+    layer_types: list[str] = []
+    layer_spilled: list[tuple[int, str]] = []
 
 
 _table_encoder = msgspec.msgpack.Encoder()

@@ -56,6 +56,9 @@ def test_the_index_answers_as_a_dict_would(ops, grid_types) -> None:
         codes = np.array([k for _ in range(42) for k in range(len(_TYPES))], dtype=np.int64)
         want = [model.get((int(d), _TYPES[c]), -1) for d, c in zip(devs, codes, strict=True)]
         assert index.lookup(devs, codes, _TYPES).tolist() == want
+        back = LayerIndex.from_columns(*index.columns())
+        assert back.keys_by_row() == index.keys_by_row()
+        assert back.lookup(devs, codes, _TYPES).tolist() == want
         by_row = index.keys_by_row()
         assert {k: r for r, k in enumerate(by_row) if k is not None} == model
         assert len(by_row) == index.end == end
