@@ -23,9 +23,11 @@ run: $(STAMP)
 ## and pausing the daemon, broker and Alertmanager, the daemon as a process with the fleet
 ## stage, the scenario pack at 128 devices and the heaviest property tests (ids across
 ## batch sizes, pipeline invariants, bytes fuzzing), that would take `make test` past ten
-## minutes on a 2-core machine.
+## minutes on a 2-core machine. The suite runs on TEST_WORKERS pytest-xdist workers, each
+## with its own brokers (a fixed count: a container's CPU count can be the host's).
+TEST_WORKERS ?= 2
 test: $(STAMP) lint
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow
