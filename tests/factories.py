@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from monitor.core.layer_index import LayerIndex
 from monitor.core.types import RawMessage
 
 T0 = 1_764_432_000.0
@@ -113,3 +114,11 @@ class ListSource:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+def keys_by_row(index: LayerIndex) -> list[tuple[int, str] | None]:
+    """A layer index's (device row, layer type) per row up to its end (None: free)."""
+    out: list[tuple[int, str] | None] = [None] * index.end
+    for key, row in index.items():
+        out[row] = key
+    return out

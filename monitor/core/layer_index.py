@@ -171,13 +171,6 @@ class LayerIndex(Mapping[Key, int]):
         """The rows in use of these device rows, in row order."""
         return np.flatnonzero(np.isin(self.row_device[: self._end], devs)).tolist()
 
-    def keys_by_row(self) -> list[Key | None]:
-        """Every row's key up to `end` (None: free)."""
-        out: list[Key | None] = [None] * self._end
-        for key, row in self.items():
-            out[row] = key
-        return out
-
     # -- checkpoint ------------------------------------------------------------------
     def columns(self) -> tuple[bytes, bytes, list[str], list[tuple[int, str]]]:
         """Per row its device (int32, -1 free) and grid column (int16, -2: spilled), the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from factories import keys_by_row
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,9 +58,9 @@ def test_the_index_answers_as_a_dict_would(ops, grid_types) -> None:
         want = [model.get((int(d), _TYPES[c]), -1) for d, c in zip(devs, codes, strict=True)]
         assert index.lookup(devs, codes, _TYPES).tolist() == want
         back = LayerIndex.from_columns(*index.columns())
-        assert back.keys_by_row() == index.keys_by_row()
+        assert keys_by_row(back) == keys_by_row(index)
         assert back.lookup(devs, codes, _TYPES).tolist() == want
-        by_row = index.keys_by_row()
+        by_row = keys_by_row(index)
         assert {k: r for r, k in enumerate(by_row) if k is not None} == model
         assert len(by_row) == index.end == end
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from factories import fleet
+from factories import fleet, keys_by_row
 
 from monitor.config import Settings
 from monitor.core.correlator import Incident
@@ -40,7 +40,7 @@ def test_stream_table_round_trips_with_its_orders() -> None:
                  "free_layer_rows", "unknown_hw", "groups", "group_keys", "ttl_s"):  # fmt: skip
         assert getattr(back, name) == getattr(table, name), name
     assert list(back.layer_index.items()) == list(table.layer_index.items())
-    assert back.layer_index.keys_by_row() == table.layer_index.keys_by_row()
+    assert keys_by_row(back.layer_index) == keys_by_row(table.layer_index)
 
 
 def test_incidents_round_trip_with_fleet_children_and_alert_state() -> None:

@@ -6,7 +6,7 @@ import json
 
 import msgspec
 import numpy as np
-from factories import PEAK, T0, window
+from factories import PEAK, T0, keys_by_row, window
 
 from monitor.core.stream_table import Frame, StreamTable
 from monitor.hardware import Catalog
@@ -201,7 +201,7 @@ def test_snapshot_after_eviction_restores_the_same_table() -> None:
     for name in ("devices", "device_names", "free_device_rows", "free_layer_rows",
                  "groups", "group_keys", "free_groups"):  # fmt: skip
         assert getattr(back, name) == getattr(table, name), name
-    assert back.layer_index.keys_by_row() == table.layer_index.keys_by_row()
+    assert keys_by_row(back.layer_index) == keys_by_row(table.layer_index)
     assert back.layer_index.end == table.layer_index.end
     for name in ("device_seen", "layer_seen", "group_seen"):
         n = (table.layer_index.end if name.startswith("layer") else
@@ -221,7 +221,7 @@ def _list_index(fields: list, table: StreamTable) -> list:
     """Checkpoint fields with the (device, type) index as the lists written before the grid
     (`layer_index` entries, `layer_keys` per row) and without the grid's columns."""
     fields[3] = [[d, layer, r] for (d, layer), r in table.layer_index.items()]
-    fields[4] = [None if k is None else list(k) for k in table.layer_index.keys_by_row()]
+    fields[4] = [None if k is None else list(k) for k in keys_by_row(table.layer_index)]
     return fields[:14]
 
 
@@ -238,7 +238,7 @@ def test_a_checkpoint_with_the_index_as_lists_restores_the_same_table() -> None:
     assert fields[3:5] == [[], []]  # the new format leaves the lists empty
     back = StreamTable.restore(msgspec.msgpack.encode(_list_index(fields, table)), Catalog(),
                                max_devices=3)  # fmt: skip
-    assert back.layer_index.keys_by_row() == table.layer_index.keys_by_row()
+    assert keys_by_row(back.layer_index) == keys_by_row(table.layer_index)
     assert back.free_layer_rows == table.free_layer_rows
     nxt = _recs(*(window(f"e{k}/0", T0 + 300.0) for k in range(2)))
     f1, _ = table.build(nxt)
