@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from monitor.arrays import I64
+from monitor.arrays import I64, grown
 
 # Columns of the grid: more distinct layer types than any model has; a name beyond
 # them costs a dict entry instead of 4 bytes on every device.
@@ -24,15 +24,6 @@ GRID_TYPES = 32
 _FREE, _SPILLED = -1, -2  # a row's type code: not in use; its type is in the fallback dict
 
 Key = tuple[int, str]
-
-
-def _grown(arr: np.ndarray, n: int, fill: int) -> np.ndarray:
-    """`arr` with room for `n` leading entries (doubling), new entries `fill`."""
-    if n <= arr.shape[0]:
-        return arr
-    out = np.full((max(n, 2 * arr.shape[0], 64), *arr.shape[1:]), fill, dtype=arr.dtype)
-    out[: arr.shape[0]] = arr
-    return out
 
 
 class LayerIndex(Mapping[Key, int]):
@@ -80,7 +71,7 @@ class LayerIndex(Mapping[Key, int]):
         return zip(keys, rows.tolist(), strict=True)
 
     def _keys(self, rows: I64) -> list[Key]:
-        """The keys of these rows in use, one list step per row (checkpoints walk them all)."""
+        """The keys of these rows in use, built a column at a time."""
         types, spilled = self.types, self._spilled_type
         cols = self._row_column[rows].tolist()
         layers = [
@@ -90,7 +81,7 @@ class LayerIndex(Mapping[Key, int]):
 
     def values(self) -> Iterator[int]:  # type: ignore[override]
         """Rows in use, in order."""
-        return iter(np.flatnonzero(self.row_device >= 0).tolist())
+        return iter(np.flatnonzero(self.row_device[: self._end] >= 0).tolist())
 
     # -- rows ------------------------------------------------------------------------
     @property
@@ -102,8 +93,8 @@ class LayerIndex(Mapping[Key, int]):
         """Count rows below `end` as used (free unless added): a restored table's."""
         if end > self._end:
             self._end = end
-            self.row_device = _grown(self.row_device, end, _FREE)
-            self._row_column = _grown(self._row_column, end, _FREE)
+            self.row_device = grown(self.row_device, end, _FREE)
+            self._row_column = grown(self._row_column, end, _FREE)
 
     def key(self, row: int) -> Key | None:
         """(device row, layer type) of a row; None if it is free."""
@@ -143,7 +134,7 @@ class LayerIndex(Mapping[Key, int]):
             self._spilled_type[row] = layer
             self._row_column[row] = _SPILLED
         else:
-            self._grid = _grown(self._grid, dev + 1, _FREE)
+            self._grid = grown(self._grid, dev + 1, _FREE)
             self._grid[dev, col] = row
             self._row_column[row] = col
         self.row_device[row] = dev

@@ -22,7 +22,7 @@ from typing import Protocol
 import msgspec
 import numpy as np
 
-from monitor.arrays import F64, I64, Bools
+from monitor.arrays import F64, I64, Bools, grown
 from monitor.core.coverage import COARSE_LAYER, record_masks
 from monitor.core.layer_index import LayerIndex
 from monitor.hardware import Catalog
@@ -145,20 +145,12 @@ class Released:
 
 def _fit(arr: F64, n: int) -> F64:
     """`arr` with room for `n` entries (doubling; new entries NaN = not in use)."""
-    if n <= arr.size:
-        return arr
-    out = np.full(max(n, 2 * arr.size, 64), np.nan)
-    out[: arr.size] = arr
-    return out
+    return grown(arr, n, np.nan)
 
 
 def _fit_mask(arr: I64, n: int) -> I64:
     """`arr` with room for `n` masks (doubling; new entries 0 = no field known)."""
-    if n <= arr.size:
-        return arr
-    out = np.zeros(max(n, 2 * arr.size, 64), dtype=np.int64)
-    out[: arr.size] = arr
-    return out
+    return grown(arr, n, 0)
 
 
 @dataclass(frozen=True, slots=True)
