@@ -19,10 +19,12 @@ from monitor.core.coverage import BIT
 from monitor.indicators import (
     BAD_DIRECTION,
     CORROBORATING,
+    DEFAULT_MIN_REL_CHANGE,
     HEAT,
     HEAT_SOURCES,
     LOAD_FOLLOWING,
     LOAD_METRICS,
+    MIN_REL_CHANGE,
     PRIMARY_ORDER,
     QUEUEING,
     is_primary,
@@ -41,6 +43,24 @@ SUPPORT_SHARE = 0.25
 # Offered load this far above the pool's recent level makes a queueing-only incident
 # overload (`advisor.bottleneck_class`), and holds back a collective's waits.
 OVERLOAD_RATIO = 1.25
+# A served request rate this far up is a material rise: the reporting floor of the rate.
+SERVED_RISE = MIN_REL_CHANGE.get("req_rate", DEFAULT_MIN_REL_CHANGE)
+
+
+def offered_load_rose(ratio: float, moved: Iterable[str]) -> bool:
+    """Whether the offered load rose, from the served rate's shift `ratio` and what moved.
+
+    By `OVERLOAD_RATIO`; or by any material step (`SERVED_RISE`) while a queue grew: a
+    pool near capacity reports the rate it served, so an offered-load rise shows there
+    only in part and the rest waits in the queue (near saturation a queue grows as
+    rho / (1 - rho), so a small served rise can come with a large queue). A slower
+    service serves less, not more: a queue that grew while the served rate rose is load.
+    """
+    if ratio >= OVERLOAD_RATIO:
+        return True
+    return ratio >= 1.0 + SERVED_RISE and not QUEUEING.isdisjoint(moved)
+
+
 # A multi-device incident confirms on this share of its pool, or on hosts most of whose
 # devices moved.
 CLUSTER_SHARE = 0.25
@@ -391,7 +411,7 @@ class Incident:
         supporting = self.supporting()
         moved = {metric for _, metric, _ in supporting}
         efficiency = moved - (QUEUEING | LOAD_FOLLOWING | LOAD_METRICS)
-        if efficiency and self.load_ratio() < OVERLOAD_RATIO:
+        if efficiency and not offered_load_rose(self.load_ratio(), moved):
             supporting = {k: v for k, v in supporting.items() if k[1] not in QUEUEING}
         onsets: dict[Stage, float] = {}
         for (stage, _, _), pts in supporting.items():
@@ -430,7 +450,7 @@ class Incident:
         # one host. Waits that rose on devices scattered over hosts are the traffic's
         # doing (a burst reshuffling an expert all-to-all), not a fault of the collective.
         sync = self.primary_metric == "sync_frac"
-        if sync and self.load_ratio() >= OVERLOAD_RATIO:
+        if sync and offered_load_rose(self.load_ratio(), (m for _, m, _ in self.supporting())):
             # Waits that rose with the offered load (a burst feeding an expert all-to-all)
             # are the traffic's doing: compared with calm, not with the last burst.
             return None

@@ -19,7 +19,13 @@ import numpy as np
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
-from monitor.core.correlator import LEAD_WINDOWS, OVERLOAD_RATIO, ChangePoint, Incident
+from monitor.core.correlator import (
+    LEAD_WINDOWS,
+    OVERLOAD_RATIO,
+    ChangePoint,
+    Incident,
+    offered_load_rose,
+)
 from monitor.core.coverage import not_judged
 from monitor.core.load import LOAD_SENSITIVE
 from monitor.indicators import (
@@ -562,7 +568,7 @@ class AlertLifecycle:
         # Collective waits that rose with the offered load (a burst feeding an expert
         # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
         # an overload a regression, whether they or the queue they come with headline it.
-        up = load >= OVERLOAD_RATIO
+        up = offered_load_rose(load, moved)
         classed = _classed(inc, support) if up else moved
         novelty = self._load_novelty(inc) if up else 1.0
         # Queueing alone, the offered load up, and at a peak the pool never ran at: near

@@ -114,6 +114,19 @@ def test_collective_waits_that_rose_with_the_offered_load_stay_overload() -> Non
     assert alert.severity == "info"
 
 
+def test_a_queue_that_grew_while_the_served_rate_rose_is_load_whatever_the_ratio() -> None:
+    """A pool near capacity serves 16 % more while its queue grows 500x: the offered load
+    rose by more than it could serve (a slower service serves less, not more), so the
+    all-to-all's waits that rose with it follow the traffic. Capacity, named at ingress;
+    under the 1.25 ratio alone these waits made it a synchronisation page (`fleet_day`
+    seed 155 at 64 devices: `serve-moe` at a burst, its served rate up 1.16-1.29x)."""
+    inc = _overload_with_collective_waits(req_after=116.0)
+    alert = _render(inc)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    assert alert.first_failing_stage == "ingress"
+
+
 def test_collective_waits_without_a_load_rise_are_a_mechanism() -> None:
     """The same waits with the offered load flat are a mechanism of their own: no overload."""
     alert = _render(_overload_with_collective_waits(req_after=101.0))
