@@ -20,8 +20,9 @@ LAYER_METRICS: tuple[str, ...] = (
 DEVICE_METRICS: tuple[str, ...] = (
     "device_mfu", "clock_mhz", "temp_c", "power_w",
     "req_rate", "queue_depth", "queue_wait_ms", "batch",
-    "lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality",
+    "lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality", "error_rate",
 )  # fmt: skip
+# `error_rate` is derived: `slo.errors` per request of the window (`error_rate`).
 
 STAGE_OF: dict[str, Stage] = {
     "req_rate": "ingress", "queue_depth": "ingress", "queue_wait_ms": "ingress", "batch": "ingress",
@@ -31,7 +32,7 @@ STAGE_OF: dict[str, Stage] = {
     "sync_frac": "execution", "device_mfu": "execution", "clock_mhz": "execution",
     "temp_c": "execution", "power_w": "execution",
     "lat_p50_ms": "validation", "lat_p95_ms": "validation", "lat_p99_ms": "validation",
-    "quality": "validation",
+    "quality": "validation", "error_rate": "validation",
 }  # fmt: skip
 
 # The metrics an alert can be about, most telling first; the others are evidence only.
@@ -43,7 +44,7 @@ STAGE_OF: dict[str, Stage] = {
 # rise (`correlator.Correlator.add`): the cooling failed, before anything throttles.
 PRIMARY_ORDER: tuple[str, ...] = (
     "mfu", "stall_frac", "sync_frac", "device_mfu", "quality", "lat_p99_ms", "queue_wait_ms",
-    "temp_c",
+    "error_rate", "temp_c",
 )  # fmt: skip
 PRIMARY_METRICS = frozenset(PRIMARY_ORDER)
 COMM_LAYERS = frozenset({"allreduce"})
@@ -71,6 +72,10 @@ LOAD_METRICS = frozenset({"req_rate"})
 # What a backlog in front of the devices moves: queue and the latency it adds. An incident
 # that moved only these, while offered load rose, is overload, not a regression.
 QUEUEING = frozenset({"queue_wait_ms", "queue_depth", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms"})
+# What a full queue adds: requests turned away at the admission limit fail. Failures
+# follow a backlog only with it (a queue moved too); failures alone are a regression.
+SHEDDING = frozenset({"error_rate"})
+BACKLOG = QUEUEING | SHEDDING
 # Execution indicators that follow offered load rather than a mechanism: heat (temperature,
 # power) and utilisation (device MFU is served work: a saturated pool serves less than its
 # offered load predicts). A throttle shows as the clock, a slower kernel as layer MFU.
@@ -92,7 +97,7 @@ BAD_DIRECTION: dict[str, int] = {
     "mfu": -1, "device_mfu": -1, "stall_frac": +1, "occupancy": -1, "sram_hit": -1,
     "spill_frac": +1, "fallback_frac": +1, "sync_frac": +1, "arith_intensity": -1,
     "clock_mhz": -1, "temp_c": +1, "power_w": +1, "queue_wait_ms": +1, "queue_depth": +1,
-    "lat_p50_ms": +1, "lat_p95_ms": +1, "lat_p99_ms": +1, "quality": -1,
+    "lat_p50_ms": +1, "lat_p95_ms": +1, "lat_p99_ms": +1, "quality": -1, "error_rate": +1,
     "req_rate": 0, "batch": 0, "kernel": +1,
 }  # fmt: skip
 
@@ -118,14 +123,14 @@ def judged_sign(metric: str) -> int:
 MIN_ABS_CHANGE: dict[str, float] = {
     "mfu": 0.01, "device_mfu": 0.01, "stall_frac": 0.01, "sync_frac": 0.01,
     "occupancy": 0.01, "sram_hit": 0.01, "spill_frac": 0.005, "fallback_frac": 0.01,
-    "quality": 0.001,
+    "quality": 0.001, "error_rate": 0.001,
 }  # fmt: skip
 
 # Smallest relative shift worth reporting (vs the level before), per metric; 5% otherwise.
-# Quality's is relative to its error rate: a quarter more failed answers is a bad model;
-# a 10% p99 wobble is a normal afternoon.
+# Quality's is relative to its error rate: a quarter more failed answers is a bad model
+# (and a quarter more failed requests a bad service); a 10% p99 wobble is a normal afternoon.
 MIN_REL_CHANGE: dict[str, float] = {
-    "quality": 0.25, "clock_mhz": 0.03, "lat_p50_ms": 0.10, "lat_p95_ms": 0.10,
+    "quality": 0.25, "error_rate": 0.25, "clock_mhz": 0.03, "lat_p50_ms": 0.10, "lat_p95_ms": 0.10,
     "lat_p99_ms": 0.10, "queue_wait_ms": 0.25, "queue_depth": 0.25,
 }  # fmt: skip
 DEFAULT_MIN_REL_CHANGE = 0.05
@@ -177,6 +182,15 @@ def layer_metrics(raw: F64, peak: F64) -> F64:
 def device_mfu(flops_sum: F64, window_s: F64, peak: F64) -> F64:
     """Device MFU = sum(flops) / (window_s * peak); NaN where peak is unknown."""
     return _ratio(flops_sum, window_s * peak)
+
+
+def error_rate(errors: F64, req_rate: F64, window_s: F64) -> F64:
+    """Failed requests per request of the window: `slo.errors / (req_rate * window_s)`.
+
+    Bounded by 1 whether the exporter's rate counts the failed requests or only the
+    served ones; NaN where either field is missing or the window saw no request.
+    """
+    return _ratio(errors, np.maximum(req_rate * window_s, errors))
 
 
 def _group_index(groups: I64, ts: F64) -> tuple[

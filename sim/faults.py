@@ -121,16 +121,20 @@ class IngressDelay(Fault):
 
 @dataclass(slots=True)
 class ModelDeploy(Fault):
-    """A new model version: the record's model changes; quality may shift by `quality_delta`."""
+    """A new model version: the record's model changes; quality may shift by `quality_delta`
+    and a share `error_rate` of its requests fail outright."""
 
     model_row: int = 0
     quality_delta: float = 0.0
+    error_rate: float = 0.0
 
     def apply(self, mods: Modifiers, fleet: Fleet, tokens: F64) -> None:
         loc = mods.local(self.devices)
         mods.model_rows()[loc] = self.model_row
         if self.quality_delta:
             mods.d("quality_delta", 0.0)[loc] = self.quality_delta
+        if self.error_rate:
+            mods.d("error_rate", 0.0)[loc] = self.error_rate
 
 
 @dataclass(slots=True)

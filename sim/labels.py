@@ -44,16 +44,19 @@ STAGE_OF: dict[str, str] = {
     "lat_p99_ms": "validation",
     "quality": "validation",
     "errors": "validation",
+    "error_rate": "validation",
 }
 SPAN_WINDOWS = 6
 # Indicators read as a share of requests: the scope's value is the mean over its devices
 # (a median of per-device failure shares near 0 is 0, however many requests fail).
-MEAN_OF = {"quality": np.mean, "errors": np.mean}
+MEAN_OF = {"quality": np.mean, "errors": np.mean, "error_rate": np.mean}
 MAX_LABEL_HOSTS = 8
 
 
 def frame_indicator(frame: Frame, fleet: Fleet, name: str, layer: str | None, w: float) -> F64:
     """Per-device value of indicator `name` (for `layer`) in a frame."""
+    if layer is None:
+        return _device_indicator(frame, fleet, name, w)
     peak = fleet.dev["peak"]
     c = fleet.layer_col(layer) if layer is not None else -1
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -74,12 +77,21 @@ def frame_indicator(frame: Frame, fleet: Fleet, name: str, layer: str | None, w:
                 return frame.flops[:, c] / frame.bytes_hbm[:, c]
             case "sync_frac":
                 return frame.sync[:, c] / frame.busy_s[:, c]
-            case "device_mfu":
-                out: F64 = frame.flops.sum(axis=1) / (w * peak)
-                return out
-        attr = {"lat_p50_ms": "p50", "lat_p95_ms": "p95", "lat_p99_ms": "p99"}.get(name, name)
-        val: F64 = getattr(frame, attr)
-        return val
+    raise KeyError(name)
+
+
+def _device_indicator(frame: Frame, fleet: Fleet, name: str, w: float) -> F64:
+    """Per-device value of a device-level indicator in a frame."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if name == "device_mfu":
+            out: F64 = frame.flops.sum(axis=1) / (w * fleet.dev["peak"])
+            return out
+        if name == "error_rate":  # failed requests per request of the window
+            failed: F64 = frame.errors / np.maximum(frame.req_rate * w, frame.errors)
+            return failed
+    attr = {"lat_p50_ms": "p50", "lat_p95_ms": "p95", "lat_p99_ms": "p99"}.get(name, name)
+    val: F64 = getattr(frame, attr)
+    return val
 
 
 def _label_subset(fleet: Fleet, devices: I64) -> I64:

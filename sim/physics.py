@@ -74,6 +74,7 @@ class Modifiers:
         self.cooling: F64 | None = None  # (D,) thermal resistance factor (1 = healthy)
         self.ingress_delay_ms: F64 | None = None  # (D,) extra admission delay at the router
         self.quality_delta: F64 | None = None  # (D,)
+        self.error_rate: F64 | None = None  # (D,) failed requests per request a fault adds
         self.model_row: I64 | None = None  # (D,) model@version override, -1 = default
 
     def local(self, devices: I64) -> I64:
@@ -484,7 +485,8 @@ class Physics:
         quality = dev["quality"]
         if mods.quality_delta is not None:
             quality = quality + mods.quality_delta
-        err_mean = sv * (lam * w * 2e-5)
+        fail = BASE_ERROR_RATE if mods.error_rate is None else BASE_ERROR_RATE + mods.error_rate
+        err_mean = sv * (lam * w * fail)
         emit = np.ones(n, dtype=np.bool_)
         temp_obs = self.temp
         if nz.quality_sampling:
@@ -565,6 +567,7 @@ class Physics:
 
 _DEV_NOISE_ROWS = 13  # per-device normals one window uses (see the g[...] rows in step)
 DUTY_CAP = 0.98  # share of a window a serving engine can spend in steps
+BASE_ERROR_RATE = 2e-5  # failed requests per request of a healthy serving engine
 
 
 def poisson_quantile(u: F64, z: F64, mean: F64) -> F64:

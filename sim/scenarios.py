@@ -484,7 +484,12 @@ def _ingress(
 
 
 def _quality(
-    ctx: BuildContext, fleet: Fleet, pool: str, frac: float, delta: float = -0.04
+    ctx: BuildContext,
+    fleet: Fleet,
+    pool: str,
+    frac: float,
+    delta: float = -0.04,
+    error_rate: float = 0.0,
 ) -> tuple[Fault, Change, Incident]:
     onset = ctx.at(frac) + ctx.w
     p = fleet.pools[fleet.pool_id(pool)]
@@ -502,6 +507,7 @@ def _quality(
         end_ts=None,
         model_row=fleet.model_row[(fleet.pool_id(pool), new)],
         quality_delta=delta,
+        error_rate=error_rate,
     )
     inc = Incident(
         id=ctx.incident_id(),
@@ -785,6 +791,24 @@ def _nic_slowdown(ctx: BuildContext) -> Plan:
     return Plan(fleet, ctx.noise(REALISTIC), [fault], [], [inc])
 
 
+def _error_rise(ctx: BuildContext) -> Plan:
+    onset = ctx.at(0.5) + ctx.w
+    tr = ctx.traffic(0.25, 1.5, (ctx.quiet(onset),), headroom=(1.4, 2.5))
+    serve = _serve_a(tr, ctx.share(2.0))
+    mix = ctx.traffic(0.25, 1.5, headroom=(1.4, 2.5))
+    fleet = Fleet([serve, _serve_mix(ctx, mix), _train_b()], ctx.devices)
+    rate = ctx.log_uniform(0.003, 0.02) if ctx.wide else 0.005
+    fault, chg, inc = _quality(ctx, fleet, "serve-a", 0.5, delta=0.0, error_rate=rate)
+    inc.indicators = [("error_rate", None)]
+    inc.unchanged = [("mfu", "attention"), ("mfu", "mlp"), ("lat_p99_ms", None), ("quality", None)]
+    inc.bottleneck = "errors"
+    inc.description = (
+        f"a model deploy fails {100 * rate:.2g}% of requests outright (from 0.002%); answers "
+        "that succeed are as good as before, hardware metrics and latency do not move"
+    )
+    return Plan(fleet, ctx.noise(REALISTIC), [fault], [chg], [inc])
+
+
 def _quality_drop(ctx: BuildContext) -> Plan:
     onset = ctx.at(0.5) + ctx.w
     tr = ctx.traffic(0.25, 1.5, (ctx.quiet(onset),), headroom=(1.4, 2.5))
@@ -966,6 +990,16 @@ _WIDE = [
         1800.0,
         _quality_drop,
         "quality near 1 judged on its error rate: stage validation, rollback to the model deploy",
+        pack="wide",
+    ),
+    Scenario(
+        "error_rise",
+        "model deploy on serve-a: 0.3-2% of requests fail (from 0.002%); quality of the "
+        "answers, latency and MFU do not move",
+        256,
+        1800.0,
+        _error_rise,
+        "failed requests judged per request: stage validation, rollback to the model deploy",
         pack="wide",
     ),
     Scenario(

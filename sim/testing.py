@@ -80,6 +80,13 @@ def indicator(rec: WindowRecord, name: str, layer: str | None) -> float | None:
         return _ratio(
             sum(x.flops or 0.0 for x in rec.layers), None if peak is None else rec.window_s * peak
         )
+    if name == "error_rate":
+        if rec.slo is None or rec.ingress is None:
+            return None
+        failed, rate = rec.slo.errors, rec.ingress.req_rate
+        if failed is None or rate is None:
+            return None
+        return _ratio(failed, max(rate * rec.window_s, failed))
     for part in (rec.ingress, rec.device_stats, rec.slo):
         if part is not None and hasattr(part, name):
             val = getattr(part, name)

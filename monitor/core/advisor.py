@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
 from monitor.core.exposure import PoolExposure
-from monitor.indicators import LOAD_FOLLOWING, QUEUEING
+from monitor.indicators import BACKLOG, LOAD_FOLLOWING, QUEUEING, SHEDDING
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
 # Which first-failing stages a kind of change can explain. A compiler picks kernels and
@@ -50,10 +50,16 @@ _MOVED_CLASS: tuple[tuple[frozenset[str], str], ...] = (
 def bottleneck_class(stage: Stage, indicators: set[str], *, explained: bool = False) -> str:
     """Bottleneck class from the first failing stage and what moved (decision matrix).
 
-    Queueing moved, with nothing else but what follows load (heat, utilisation):
-    overload, a matter of capacity, unless a change explains it (`explained`).
+    Queueing moved, with nothing else but what follows load (heat, utilisation) and
+    the requests a full queue turns away (`SHEDDING`): overload, a matter of capacity,
+    unless a change explains it (`explained`). Failures are a backlog's with a queue, or
+    with what follows load (a queue at its admission limit from the start of a stream
+    never steps: its heat and utilisation do); failures alone are a regression.
     """
-    if not explained and indicators & QUEUEING and indicators <= QUEUEING | LOAD_FOLLOWING:
+    backlog = bool(indicators & QUEUEING) or bool(
+        indicators & SHEDDING and indicators & LOAD_FOLLOWING
+    )
+    if not explained and backlog and indicators <= BACKLOG | LOAD_FOLLOWING:
         # Per-layer efficiency held (no MFU, stall or mechanism moved): the devices serve
         # as well as before and the wait is work arriving faster than they serve it. No
         # rise of the request rate is required: a saturated pool reports what it served,
@@ -64,6 +70,8 @@ def bottleneck_class(stage: Stage, indicators: set[str], *, explained: bool = Fa
         return _STAGE_CLASS[stage]
     if stage == "validation" and "quality" in indicators:
         return "quality"
+    if stage == "validation" and "error_rate" in indicators:
+        return "errors"
     return next((cls for moved, cls in _MOVED_CLASS if indicators & moved), "unclassified")
 
 
@@ -79,6 +87,8 @@ NEXT_STEP: dict[str, tuple[str, str]] = {
     "overload": ("mitigate", "scale out the pool or shed / re-route load until the queue "
                  "drains; offered load exceeds the pool's capacity"),
     "quality": ("investigate", "run the full regression matrix against the previous model"),
+    "errors": ("investigate", "read the failed requests' errors by version and host; drain the "
+               "hosts they come from if they cluster"),
     "unclassified": ("investigate", "align counters with a profile of one affected device"),
 }  # fmt: skip
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from monitor.core.coverage import BIT
 from monitor.indicators import (
+    BACKLOG,
     BAD_DIRECTION,
     CORROBORATING,
     DEFAULT_MIN_REL_CHANGE,
@@ -410,7 +411,7 @@ class Incident:
         """Per stage, the earliest median onset of its supporting indicators."""
         supporting = self.supporting()
         moved = {metric for _, metric, _ in supporting}
-        efficiency = moved - (QUEUEING | LOAD_FOLLOWING | LOAD_METRICS)
+        efficiency = moved - (BACKLOG | LOAD_FOLLOWING | LOAD_METRICS)
         if efficiency and not offered_load_rose(self.load_ratio(), moved):
             supporting = {k: v for k, v in supporting.items() if k[1] not in QUEUEING}
         onsets: dict[Stage, float] = {}

@@ -49,6 +49,7 @@ _DEVICE_FIELD = {
     "queue_depth": "ingress.queue_depth", "queue_wait_ms": "ingress.queue_wait_ms",
     "batch": "ingress.batch", "lat_p50_ms": "slo.lat_p50_ms", "lat_p95_ms": "slo.lat_p95_ms",
     "lat_p99_ms": "slo.lat_p99_ms", "quality": "slo.quality",
+    "error_rate": "slo.errors/ingress.req_rate",  # a rate per request needs both
 }  # fmt: skip
 
 
@@ -80,7 +81,9 @@ STAGE_FIELDS: dict[Stage, tuple[tuple[str, int], ...]] = {
         _alt("layers[].sync_wait_s", "layers[].busy_s"),
         _alt("clock_mhz"), _alt("temp_c"), _alt("power_w"),
     ),
-    "validation": tuple(_alt(f) for f in ("lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality")),
+    "validation": tuple(
+        _alt(f) for f in ("lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality", "error_rate")
+    ),
 }  # fmt: skip
 
 # Indicators that speak for their stage only per layer type. Arithmetic intensity on

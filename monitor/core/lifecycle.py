@@ -29,6 +29,7 @@ from monitor.core.correlator import (
 from monitor.core.coverage import not_judged
 from monitor.core.load import LOAD_SENSITIVE
 from monitor.indicators import (
+    BACKLOG,
     CLOCK_BOUND,
     COMM_LAYERS,
     COMPLEMENT,
@@ -40,6 +41,7 @@ from monitor.indicators import (
     LOAD_METRICS,
     MIN_REL_CHANGE,
     QUEUEING,
+    SHEDDING,
     judged,
     judged_sign,
 )
@@ -62,7 +64,10 @@ PoolKey = tuple[str | None, str | None]
 # A healthy window counts towards resolving only at this share of the load seen while broken.
 LOAD_EVIDENCE = 0.8
 RUNBOOK = "docs/runbook.md#"
-_METRIC_WORDS = {"mfu": "MFU", "device_mfu": "device MFU", "stall_frac": "memory-stall fraction"}
+_METRIC_WORDS = {
+    "mfu": "MFU", "device_mfu": "device MFU", "stall_frac": "memory-stall fraction",
+    "error_rate": "failed-request rate",
+}  # fmt: skip
 
 
 def fingerprint(*parts: object) -> str:
@@ -170,7 +175,7 @@ class AlertLifecycle:
             n = len(view.devices)
             first = inc.alert_id is None
             if first:
-                if now_ts - inc.detected_ts < self.s.settle_windows * inc.window_s:
+                if now_ts - inc.detected_ts < self._settle_windows(inc) * inc.window_s:
                     continue
                 sure = min((sure_at[id(m)] for m in (inc, *inc.children) if id(m) in sure_at),
                            default=None)  # fmt: skip
@@ -219,6 +224,17 @@ class AlertLifecycle:
             out.append((at, alert))
         # Judged faults first, sent in the incidents' order (a batch's records keep theirs).
         return [alert for _, alert in sorted(out, key=lambda x: x[0])]
+
+    def _settle_windows(self, inc: Incident) -> int:
+        """Windows an incident waits after its detection before its first record.
+
+        Failures wait as long as a cause may lead them (`LEAD_WINDOWS`) for the backlog
+        that would shed them: its queue, heat and utilisation are load-normalised and
+        slower to show than a step up from no failures.
+        """
+        if inc.primary_metric in SHEDDING:
+            return max(self.s.settle_windows, LEAD_WINDOWS)
+        return self.s.settle_windows
 
     def restate(
         self, incidents: list[Incident], now_ts: float, pool_devices: dict[PoolKey, int]
@@ -469,7 +485,7 @@ class AlertLifecycle:
         support = _beside_pages(inc.supporting(), shown or [], metric)
         moved = {metric for _, metric, _ in support}
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
-        follows = metric in QUEUEING | LOAD_FOLLOWING or metric == "sync_frac"
+        follows = metric in BACKLOG | LOAD_FOLLOWING or metric == "sync_frac"
         load = inc.load_ratio() if follows else 1.0
         classed, queue_only = self._classed_under(inc, support, moved, load)
         bottleneck = bottleneck_class(stage, classed)
@@ -511,6 +527,12 @@ class AlertLifecycle:
         )
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev = "page"
+        if sev == "page" and metric in SHEDDING and suggestion.action != "rollback":
+            # Failures with no change to blame and no backlog seen: a pool whose queue
+            # sat at its admission limit from its streams' start never shows the queue
+            # step that would name them shed, so nothing tells them from a failing
+            # dependency. A ticket for the owners; a change that fits them pages.
+            sev = "ticket"
         novel = self._novel_load(inc, metric, moved, suggestion)
         if novel and sev != "info":
             # Burst is judged against burst: at a load the pool never ran at, what the
@@ -550,7 +572,17 @@ class AlertLifecycle:
             bottleneck=bottleneck,
             evidence=_evidence(inc),
             suggestion=suggestion,
-            summary=summary(inc, level, what, delta_pct, suggestion, bottleneck, load) + novel_text,
+            summary=summary(
+                inc,
+                level,
+                what,
+                delta_pct,
+                suggestion,
+                bottleneck,
+                load,
+                (before, after) if metric in SHEDDING else None,
+            )
+            + novel_text,
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
             not_judged=self._not_judged(inc),
         )
@@ -583,6 +615,8 @@ class AlertLifecycle:
             # It does not make the queue a regression; a change right before the burst
             # still can (`render`'s advisor step).
             classed = classed - _NORMALISED
+        if inc.primary_metric in SHEDDING:
+            classed = classed | _pool_backlog(inc)
         if inc.stragglers():
             # The members wait for the ones whose hardware failed: the waits are that
             # fault's consequence, not the collective's (whose class would send on-call
@@ -658,7 +692,7 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
         for (_, metric, _), pts in support.items()
         if metric != "sync_frac"
         and (
-            metric in QUEUEING | LOAD_FOLLOWING
+            metric in BACKLOG | LOAD_FOLLOWING
             or (
                 median(p.onset_ts for p in pts) <= latest
                 and (any(p.is_aggregate for p in pts) or 2 * len({p.device for p in pts}) >= n)
@@ -667,16 +701,31 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     }
 
 
+def _pool_backlog(inc: Incident) -> set[str]:
+    """Queueing and what follows load that rose on the pool's aggregates as the incident
+    began: a pool-wide backlog, which sheds failures on devices whose own queue ratio is
+    still withheld or never stepped (a stream born in a burst)."""
+    lo, hi = inc.onset_ts - LEAD_WINDOWS * inc.window_s, inc.onset_ts + inc.group_window_s
+    return {
+        e.metric
+        for e in inc.evidence
+        if e.is_aggregate
+        and e.is_regression
+        and e.metric in QUEUEING | LOAD_FOLLOWING
+        and lo <= e.onset_ts <= hi
+    }
+
+
 def _mechanisms(
     inc: Incident, support: dict[tuple[Stage, str, str | None], list[ChangePoint]] | None = None
 ) -> dict[tuple[str, str | None], list[ChangePoint]]:
-    """What moved with an incident besides queueing, load and what follows load, by
-    (metric, layer): its mechanism, with the points that show it (of `support`, the
-    incident's `supporting()` where already at hand)."""
+    """What moved with an incident besides a backlog (queueing, shedding), load and what
+    follows load, by (metric, layer): its mechanism, with the points that show it (of
+    `support`, the incident's `supporting()` where already at hand)."""
     return {
         (metric, layer): pts
         for (_, metric, layer), pts in (support or inc.supporting()).items()
-        if metric not in QUEUEING | LOAD_FOLLOWING | LOAD_METRICS
+        if metric not in BACKLOG | LOAD_FOLLOWING | LOAD_METRICS
     }
 
 
@@ -939,8 +988,13 @@ def summary(
     suggestion: Suggestion,
     bottleneck: str,
     load: float,
+    levels: tuple[float, float] | None = None,
 ) -> str:
-    """The one-line summary: what moved, where, and after which change (or under what load)."""
+    """The one-line summary: what moved, where, and after which change (or under what load).
+
+    A rate of failures near 0 has no telling relative size: `levels` (before, after), where
+    given, quote the move as from one level to the other.
+    """
     devices = sorted(inc.devices)
     pools = sorted({p.pool or "" for p in inc.points})
     where = {
@@ -964,7 +1018,8 @@ def summary(
     if slow:
         cause += f", waiting at the collective for throttling {', '.join(slow[:5])}"
         cause += f" (+{len(slow) - 5} more)" if len(slow) > 5 else ""
-    return f"{what} {delta_pct:+.1f}% on {where}{cause}"
+    moved = f"from {levels[0]:.2g} to {levels[1]:.2g}" if levels else f"{delta_pct:+.1f}%"
+    return f"{what} {moved} on {where}{cause}"
 
 
 def _evidence(inc: Incident) -> list[Evidence]:

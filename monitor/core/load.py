@@ -26,6 +26,11 @@ LOAD_SENSITIVE = frozenset({
     "device_mfu", "power_w", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms",
     "queue_wait_ms", "queue_depth",
 })  # fmt: skip
+# Columns judged raw but withheld with the load-driven ones at a load the group's model has
+# not seen: failed requests, which a queue at its admission limit sheds. What a pool fails
+# at a load it never ran at is news about its capacity (the queue's ratio, withheld there
+# too, says the same once the model has learnt), not a regression of its service.
+LOAD_GATED = frozenset({"error_rate"})
 
 
 def back_to_expected(
@@ -66,6 +71,9 @@ class LoadAdjuster:
         self._cols = np.array(
             [i for i, m in enumerate(columns) if m in LOAD_SENSITIVE], dtype=np.int64
         )
+        self._gated = np.array(
+            [i for i, m in enumerate(columns) if m in LOAD_GATED], dtype=np.int64
+        )
         self._forget = float(forget)
         n = max(self._cols.size, 1)
         self._model = LoadModel(3, forget=forget, capacity=16 * n)
@@ -98,7 +106,8 @@ class LoadAdjuster:
         # share their rows, and the grid form sums each group's rows once for all of them.
         if groups.size and self._model.complete(groups, c, feats, y):
             support, exp = self._model.learn_grid(groups, c, feats, y, support=want_support)
-            self._withhold(support, exp)
+            novel = self._withhold(support, exp)
+            self._gate(ratios, None if novel is None else np.asarray(novel.any(axis=1)))
             return self._ratios(ratios, expected, y, exp)
         # Column-major: each (group, column) model sees its samples in row order, as a
         # model of its own per column would.
@@ -109,12 +118,17 @@ class LoadAdjuster:
             f = feats[row]
             support = self._model.support(ids, f) if want_support else None
             exp_ok = self._model.update(ids, f, y[row, slot])
-            self._withhold(support, exp_ok)
+            novel = self._withhold(support, exp_ok)
             exp[row, slot] = exp_ok
+            if novel is not None:
+                rows_novel = np.zeros(y.shape[0], dtype=bool)
+                rows_novel[row[novel]] = True
+                self._gate(ratios, rows_novel)
         return self._ratios(ratios, expected, y, exp)
 
-    def _withhold(self, support: F64 | None, exp: F64) -> None:
-        """NaN where the model's support (taken before learning) is under `min_support`.
+    def _withhold(self, support: F64 | None, exp: F64) -> Bools | None:
+        """NaN where the model's support (taken before learning) is under `min_support`;
+        returns where (None without a support test).
 
         The first windows at a load the model has not seen (a pool's first burst) are
         extrapolation: the ratio would measure the model's error, not the device. Withhold
@@ -124,10 +138,17 @@ class LoadAdjuster:
         its end as a drop back.
         """
         if support is None:
-            return
-        novel = (support < self.min_support) & np.isfinite(exp)
+            return None
+        novel: Bools = (support < self.min_support) & np.isfinite(exp)
         exp[novel] = np.nan
         self.extrapolated += int(novel.sum())
+        return novel
+
+    def _gate(self, ratios: F64, novel_rows: Bools | None) -> None:
+        """NaN in the gated columns (`LOAD_GATED`) of rows whose load is novel in any
+        load-driven column."""
+        if novel_rows is not None and self._gated.size and novel_rows.any():
+            ratios[np.ix_(novel_rows, self._gated)] = np.nan
 
     def _ratios(self, ratios: F64, expected: F64, y: F64, exp: F64) -> tuple[F64, F64]:
         """`adjust`'s outputs from the load-sensitive columns' values and expectations."""

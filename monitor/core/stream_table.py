@@ -31,6 +31,7 @@ from monitor.indicators import (
     LAYER_INPUTS,
     LAYER_METRICS,
     device_mfu,
+    error_rate,
     group_means,
     group_sums,
     layer_metrics,
@@ -187,12 +188,16 @@ _ROW, _PEAK = attrgetter("row"), attrgetter("peak")
 # Device columns after device_mfu, by the sub-record that carries them.
 _STATS_FIELDS = ("clock_mhz", "temp_c", "power_w")
 _INGRESS_FIELDS = ("req_rate", "queue_depth", "queue_wait_ms", "batch")
-_SLO_FIELDS = ("lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality")
-if ("device_mfu", *_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS) != DEVICE_METRICS:
+# `errors` (a count) becomes the column `error_rate` (per request) in `_frame`.
+_SLO_FIELDS = ("lat_p50_ms", "lat_p95_ms", "lat_p99_ms", "quality", "errors")
+if ("device_mfu", *_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS[:-1], "error_rate") != (
+    DEVICE_METRICS
+):
     raise ImportError("device columns no longer match DEVICE_METRICS")  # pragma: no cover
 _STATS, _INGRESS, _SLO = (attrgetter(*f) for f in (_STATS_FIELDS, _INGRESS_FIELDS, _SLO_FIELDS))
 _NO_STATS, _NO_INGRESS, _NO_SLO = DeviceStats(), Ingress(), Slo()  # every field None
 _BATCH, _REQ_RATE = _INGRESS_FIELDS.index("batch"), _INGRESS_FIELDS.index("req_rate")
+_ERRORS = DEVICE_METRICS.index("error_rate")
 _DEVICE_RAW_FIELDS = (*_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS)
 _INGRESS_AT = slice(len(_STATS_FIELDS), len(_STATS_FIELDS) + len(_INGRESS_FIELDS))
 
@@ -688,6 +693,7 @@ class StreamTable:
         dvals = np.empty((c.drows.size, len(DEVICE_METRICS)))
         dvals[:, 0] = device_mfu(c.dflops, c.dwin, c.dpeak)
         dvals[:, 1:] = c.draw
+        dvals[:, _ERRORS] = error_rate(dvals[:, _ERRORS], c.dload[:, 1], c.dwin)
         layer_ts, device_ts = c.lts, c.dts
         layer_group, device_group = c.lgroup, c.dgroup
         device_load = c.dload

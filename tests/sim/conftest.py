@@ -27,6 +27,7 @@ RUN_SIZES: dict[str, tuple[int, float, float]] = {
     "overload_bursts": (64, 3600.0, 20.0),
     "nic_slowdown": (64, 900.0, 10.0),
     "quality_drop": (64, 900.0, 10.0),
+    "error_rise": (64, 900.0, 10.0),
     "thermal_small": (64, 900.0, 10.0),
     "fallback_in_overload": (64, 900.0, 10.0),
     "model_swap": (64, 3600.0, 20.0),

@@ -30,6 +30,7 @@ INCIDENT_SCENARIOS = [
     "fleet_day",
     "nic_slowdown",
     "quality_drop",
+    "error_rise",
     "thermal_small",
     "fallback_in_overload",
 ]
@@ -76,6 +77,7 @@ _N_INCIDENTS = {
     "fleet_day": 5,
     "nic_slowdown": 1,
     "quality_drop": 1,
+    "error_rise": 1,
     "thermal_small": 1,
     "fallback_in_overload": 1,
 }

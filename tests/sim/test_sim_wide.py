@@ -115,6 +115,31 @@ def test_nic_slowdown_scenario_labels(scenario_run: RunCache) -> None:
     assert sim.labels["changes"] == []
 
 
+def test_error_rise_fails_a_share_of_requests_outright(scenario_run: RunCache) -> None:
+    """After a model change, 0.3-2 % of the pool's requests fail (from 0.002 %) and are
+    counted in `slo.errors`; the answers that succeed are as good as before."""
+    sim, dec = scenario_run("error_rise")
+    (inc,) = sim.labels["incidents"]
+    rate = inc["indicators"][0]
+    assert rate["name"] == "error_rate"
+    assert rate["before"] < 1e-3
+    assert 0.002 < rate["after"] < 0.03
+    change = next(c for c in sim.labels["changes"] if c["id"] == inc["change_id"])
+    assert change["kind"] == "model"
+    assert inc["first_failing_stage"] == "validation"
+    scope = set(inc["scope"]["devices"])
+    onset = inc["onset_ts"]
+    failed = served = 0.0
+    for ts in dec.ts:
+        if ts <= onset + 60.0:
+            continue
+        for r in dec.records[ts]:
+            if r.device in scope and r.slo is not None and r.ingress is not None:
+                failed += r.slo.errors or 0.0
+                served += (r.ingress.req_rate or 0.0) * r.window_s
+    assert failed / served == pytest.approx(rate["after"], rel=0.5)
+
+
 def test_quality_drop_is_a_tenfold_error_rate(scenario_run: RunCache) -> None:
     """0.999 -> 0.990 on the pool's requests, after a model change; the rollback is that change."""
     sim, dec = scenario_run("quality_drop")

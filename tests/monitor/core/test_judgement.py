@@ -4,6 +4,7 @@ small hardware faults)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from factories import T0, msg, window
 
 from monitor.config import Settings
@@ -81,6 +82,90 @@ def test_a_lasting_tenfold_error_rate_pages_once_and_stays_open() -> None:
 def test_error_rate_noise_alone_does_not_page() -> None:
     """The same pool without the deploy: lognormal noise on a 0.1 % error rate pages nothing."""
     assert [a for a in _alerts(_serving(90, drop_at=None, seed=3)) if a.severity == "page"] == []
+
+
+def _failing(
+    windows: int, *, deploy_at: int | None = None, burst: tuple[int, int] | None = None,
+    seed: int = 0, announced: bool = True,
+) -> list[list[RawMessage]]:  # fmt: skip
+    """16 serving devices at about 100 requests per second (10 s windows) whose failed
+    requests (`slo.errors`) are Poisson at 0.02 % of them. From `deploy_at` on, after a
+    model deploy, 0.5 % fail. Over `burst` (first, last window) the offered load is 1.6x
+    what the pool serves: it serves at capacity, its queue waits at the admission limit
+    (20x), p99 triples, the die heats and a fifth of the requests are shed as errors.
+    `announced=False`: the deploy sends no change event (a dependency failing, say)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for w in range(windows):
+        ts = T0 + 10.0 * (w + 1)
+        batch = []
+        if announced and deploy_at is not None and w == deploy_at - 1:
+            batch.append(msg({"v": 1, "ts": ts - 5.0, "id": "deploy-9", "kind": "model",
+                              "scope": {"pool": "serve-a"}, "from": "m@1", "to": "m@2"},
+                             topic="flopwatch.changes"))  # fmt: skip
+        deployed = deploy_at is not None and w >= deploy_at
+        hot = burst is not None and burst[0] <= w <= burst[1]
+        for d in range(16):
+            rate = 100.0 * (1 + 0.03 * rng.standard_normal()) * (1.15 if hot else 1.0)
+            share = 0.2 if hot else 0.005 if deployed else 0.0002
+            errors = float(rng.poisson(share * rate * 10.0))
+            rec = window(f"node-{d // 8:03d}/gpu{d % 8}", ts, pool="serve-a",
+                         model="m@2" if deployed else "m@1",
+                         mfu=0.45 * (1 + 0.02 * rng.standard_normal()),
+                         stall=0.3 * (1 + 0.02 * rng.standard_normal()),
+                         ingress={"req_rate": rate, "batch": 64.0 if hot else 32.0,
+                                  "queue_wait_ms": (400.0 if hot else 20.0)
+                                  * (1 + 0.05 * rng.standard_normal())},
+                         device_stats={"clock_mhz": 1755.0, "power_w": 650.0,
+                                       "temp_c": (78.0 if hot else 70.0) + rng.standard_normal()},
+                         slo={"lat_p99_ms": (360.0 if hot else 120.0)
+                              * (1 + 0.05 * rng.standard_normal()),
+                              "quality": 0.999, "errors": errors})  # fmt: skip
+            batch.append(msg(rec, partition=d % 4))
+        out.append(batch)
+    return out
+
+
+def test_failed_requests_page_per_request_with_the_deploy_as_rollback() -> None:
+    """`slo.errors` is a count: judged per request of the window, 0.02 % -> 0.5 % of
+    requests failing after a model deploy pages at stage validation with the deploy as
+    its rollback, though quality, latency and MFU hold."""
+    alerts = _alerts(_failing(90, deploy_at=45))
+    pages = [a for a in alerts if a.status == "firing" and a.severity == "page"]
+    assert pages, [(a.metric, a.severity, a.summary) for a in alerts]
+    assert len({a.id for a in pages}) == 1
+    last = [a for a in alerts if a.id == pages[0].id and a.status == "firing"][-1]
+    assert last.metric == "error_rate"
+    assert last.first_failing_stage == "validation"
+    assert last.bottleneck == "errors"
+    assert last.suggestion.change_id == "deploy-9"
+    assert last.after == pytest.approx(0.005, rel=0.3)
+    assert "failed-request rate from" in last.summary
+
+
+def test_failures_with_no_change_to_blame_are_a_ticket() -> None:
+    """The same failures with no change event and no backlog: nothing tells them from a
+    queue at its admission limit since before its streams began. A ticket, not a page."""
+    alerts = _alerts(_failing(90, deploy_at=45, announced=False))
+    firing = [a for a in alerts if a.status == "firing" and a.metric == "error_rate"]
+    assert firing, [(a.metric, a.severity, a.summary) for a in alerts]
+    assert {a.severity for a in firing} == {"ticket"}
+    assert firing[-1].bottleneck == "errors"
+
+
+def test_failures_a_full_queue_sheds_are_capacity_not_a_page() -> None:
+    """A burst past capacity from a pool's steady state: its queue waits at the admission
+    limit and a fifth of its requests are shed, with nothing changed. The failures are the
+    backlog's: no page, no ticket."""
+    alerts = _alerts(_failing(150, burst=(90, 120), seed=2))
+    assert [a for a in alerts if a.severity != "info"] == [], [
+        (a.metric, a.severity, a.bottleneck, a.summary) for a in alerts
+    ]
+
+
+def test_failure_noise_alone_does_not_page() -> None:
+    """Poisson counts of 0.2 failed requests per window and device page nothing."""
+    assert [a for a in _alerts(_failing(150, seed=4)) if a.severity != "info"] == []
 
 
 def _training(

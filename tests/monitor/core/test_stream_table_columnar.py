@@ -86,6 +86,7 @@ class WalkTable(StreamTable):
                 ing.queue_wait_ms if ing else None, ing.batch if ing else None,
                 slo.lat_p50_ms if slo else None, slo.lat_p95_ms if slo else None,
                 slo.lat_p99_ms if slo else None, slo.quality if slo else None,
+                slo.errors if slo else None,
             ))  # fmt: skip
 
         def ints(x: list[int]) -> np.ndarray:
@@ -99,7 +100,7 @@ class WalkTable(StreamTable):
             lrows=ints(lrows), lts=floats(lts), lraw=floats(lraw, len(LAYER_INPUTS)),
             lpeak=floats(lpeak), lgroup=ints(lgroup), lrec=ints(lrec), kchanges=kchanges,
             drows=ints(drows), dts=floats(dts), dwin=floats(dwin), dpeak=floats(dpeak),
-            dflops=floats(dflops), draw=floats(draw, 11), dgroup=ints(dgroup),
+            dflops=floats(dflops), draw=floats(draw, 12), dgroup=ints(dgroup),
             dload=floats(dload, 2), lkernel=np.array(lkernel, dtype=bool),
         )  # fmt: skip
 
@@ -126,7 +127,9 @@ _record = st.builds(
     dtype=st.just("bf16"),
     ingress=st.none() | st.builds(Ingress, req_rate=_maybe, batch=st.none() | st.just(32.0)),
     device_stats=st.none() | st.builds(DeviceStats, power_w=st.none() | st.just(600.0)),
-    slo=st.none() | st.builds(Slo, quality=st.none() | st.just(0.99)),
+    slo=st.none() | st.builds(
+        Slo, quality=st.none() | st.just(0.99), errors=st.none() | st.just(0.0) | st.just(3.0)
+    ),
 )  # fmt: skip
 _caps = st.sampled_from([(None, None, None), (3, None, None), (None, 5, None), (None, None, 4)])
 
