@@ -18,6 +18,7 @@ _FRACTIONS = frozenset(
         "stall_frac",
         "device_mfu",
         "quality",
+        "error_rate",
         "occupancy",
         "sram_hit",
         "fallback_frac",
@@ -34,7 +35,7 @@ def fmt_value(metric: str, v: float) -> str:
     if not math.isfinite(v):
         return "n/a"
     if metric in _FRACTIONS:
-        return f"{100 * v:.2f}%" if metric == "quality" else f"{100 * v:.1f}%"
+        return f"{100 * v:.2f}%" if metric in ("quality", "error_rate") else f"{100 * v:.1f}%"
     if metric.endswith("_ms"):
         return f"{v:.1f} ms"
     return f"{v:.3g}"

@@ -77,6 +77,28 @@ def test_first_windows_of_an_unseen_burst_are_withheld_then_judged() -> None:
     assert np.isfinite(r).all()
 
 
+def test_failures_at_an_unseen_load_are_withheld_with_the_load_driven_ratios() -> None:
+    """Failed requests are judged raw, but not at a load the group's model has not seen:
+    there a queue at its admission limit sheds them, as the withheld ratios would show."""
+    rng = np.random.default_rng(2)
+    adj = LoadAdjuster(("queue_wait_ms", "error_rate"), min_support=5.0)
+
+    def at(rate: float, failed: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        groups, load, vals = window(rng, rate)
+        vals = np.column_stack([vals[:, 0], np.full(vals.shape[0], failed)])
+        return groups, load, vals
+
+    for _ in range(200):
+        adj.adjust(*at(80.0, 0.0))
+    ratios, _ = adj.adjust(*at(80.0, 0.0004))
+    assert np.all(ratios[:, 1] == 0.0004)  # at a known load: raw, as sent
+    ratios, _ = adj.adjust(*at(134.0, 0.2))
+    assert np.isnan(ratios).all()  # the burst's first window: both withheld
+    for _ in range(12):
+        ratios, _ = adj.adjust(*at(134.0, 0.2))
+    assert np.all(ratios[:, 1] == 0.2)  # once the model knows the load: judged again
+
+
 def test_withholding_is_off_at_zero_and_columns_not_load_driven_pass_through() -> None:
     """min_support=0 never withholds; a column outside LOAD_SENSITIVE is returned as is."""
     rng = np.random.default_rng(2)

@@ -40,6 +40,23 @@ def test_pool_aggregate_weights_by_busy_time() -> None:
     assert frame.pool_device_values[dev, DEVICE_METRICS.index("clock_mhz")] == 1755.0
 
 
+def test_failed_requests_are_a_share_of_the_windows_requests() -> None:
+    """`slo.errors` is a count: the device column is failures per request of the window,
+    bounded by 1 when the exporter's rate leaves the failed requests out, and unknown
+    without a request rate."""
+    a = window("n0/gpu0", T0, ingress={"req_rate": 50.0}, slo={"errors": 5.0})
+    b = window("n0/gpu1", T0, ingress={"req_rate": 0.1}, slo={"errors": 4.0})
+    c = window("n0/gpu2", T0, slo={"errors": 5.0})
+    d = window("n0/gpu3", T0, ingress={"req_rate": 50.0}, slo={"errors": 0.0})
+    frame, rej = StreamTable(Catalog()).build(_recs(a, b, c, d))
+    assert rej == []
+    col = frame.device_values[:, DEVICE_METRICS.index("error_rate")]
+    assert col[0] == 5.0 / 500.0
+    assert col[1] == 1.0
+    assert np.isnan(col[2])
+    assert col[3] == 0.0
+
+
 def test_groups_split_by_pool_model_layer_and_hardware() -> None:
     """Same layer in two pools, two models in one pool, or two hardware kinds in one pool
     are different groups: a pool aggregate is over one population."""
