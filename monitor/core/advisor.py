@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
 from monitor.core.exposure import PoolExposure
-from monitor.indicators import BACKLOG, LOAD_FOLLOWING, QUEUEING, SHEDDING
+from monitor.indicators import BACKLOG, LOAD_FOLLOWING, LOAD_METRICS, QUEUEING, SHEDDING
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
 # Which first-failing stages a kind of change can explain. A compiler picks kernels and
@@ -53,13 +53,13 @@ def bottleneck_class(stage: Stage, indicators: set[str], *, explained: bool = Fa
     Queueing moved, with nothing else but what follows load (heat, utilisation) and
     the requests a full queue turns away (`SHEDDING`): overload, a matter of capacity,
     unless a change explains it (`explained`). Failures are a backlog's with a queue, or
-    with what follows load (a queue at its admission limit from the start of a stream
-    never steps: its heat and utilisation do); failures alone are a regression.
+    with what follows load or the offered load's rise (`req_rate`: a queue at its
+    admission limit from the start of a stream never steps); failures alone are a
+    regression.
     """
-    backlog = bool(indicators & QUEUEING) or bool(
-        indicators & SHEDDING and indicators & LOAD_FOLLOWING
-    )
-    if not explained and backlog and indicators <= BACKLOG | LOAD_FOLLOWING:
+    load = LOAD_FOLLOWING | LOAD_METRICS
+    backlog = bool(indicators & QUEUEING) or bool(indicators & SHEDDING and indicators & load)
+    if not explained and backlog and indicators <= BACKLOG | load:
         # Per-layer efficiency held (no MFU, stall or mechanism moved): the devices serve
         # as well as before and the wait is work arriving faster than they serve it. No
         # rise of the request rate is required: a saturated pool reports what it served,

@@ -480,7 +480,9 @@ class AlertLifecycle:
         metric = inc.primary_metric
         pts = inc.headline_points()
         before, after = _spans(pts) if metric in HEAT else _medians(pts)
-        delta_pct = 100.0 * (after - before) / before if before else 0.0
+        # Levels are sent to 6 decimals: a level that rounds to 0 (no failed request
+        # before, up to float noise) has no relative change.
+        delta_pct = 100.0 * (after - before) / before if round(before, 6) else 0.0
         stage = inc.first_failing_stage()
         support = _beside_pages(inc.supporting(), shown or [], metric)
         moved = {metric for _, metric, _ in support}
@@ -616,7 +618,7 @@ class AlertLifecycle:
             # still can (`render`'s advisor step).
             classed = classed - _NORMALISED
         if inc.primary_metric in SHEDDING:
-            classed = classed | _pool_backlog(inc)
+            classed = classed | _pool_backlog(inc) | (LOAD_METRICS if up else set())
         if inc.stragglers():
             # The members wait for the ones whose hardware failed: the waits are that
             # fault's consequence, not the collective's (whose class would send on-call

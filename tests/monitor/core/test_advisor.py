@@ -82,6 +82,7 @@ def test_without_a_change_the_next_step_is_a_bounded_hypothesis(bottleneck: str)
         ("validation", {"error_rate"}, 1.0, "errors"),  # failures alone: no backlog
         ("ingress", {"queue_wait_ms", "error_rate"}, 1.0, "overload"),  # shed by a full queue
         ("execution", {"temp_c", "error_rate"}, 1.0, "overload"),  # shed as the load heats
+        ("validation", {"error_rate", "req_rate"}, 1.0, "overload"),  # as the offered load rose
         ("validation", {"error_rate", "quality"}, 1.0, "quality"),
         ("validation", {"lat_p99_ms"}, 1.0, "overload"),
         ("validation", {"lat_p99_ms", "sram_hit"}, 1.0, "contention"),

@@ -86,14 +86,16 @@ def test_error_rate_noise_alone_does_not_page() -> None:
 
 def _failing(
     windows: int, *, deploy_at: int | None = None, burst: tuple[int, int] | None = None,
-    seed: int = 0, announced: bool = True,
+    seed: int = 0, announced: bool = True, bare: bool = False,
 ) -> list[list[RawMessage]]:  # fmt: skip
     """16 serving devices at about 100 requests per second (10 s windows) whose failed
     requests (`slo.errors`) are Poisson at 0.02 % of them. From `deploy_at` on, after a
     model deploy, 0.5 % fail. Over `burst` (first, last window) the offered load is 1.6x
     what the pool serves: it serves at capacity, its queue waits at the admission limit
     (20x), p99 triples, the die heats and a fifth of the requests are shed as errors.
-    `announced=False`: the deploy sends no change event (a dependency failing, say)."""
+    `announced=False`: the deploy sends no change event (a dependency failing, say).
+    `bare`: the devices report only their request rate and failures (no queue, latency or
+    heat), and the rate they report is the offered one, 1.6x at the burst."""
     rng = np.random.default_rng(seed)
     out = []
     for w in range(windows):
@@ -106,7 +108,8 @@ def _failing(
         deployed = deploy_at is not None and w >= deploy_at
         hot = burst is not None and burst[0] <= w <= burst[1]
         for d in range(16):
-            rate = 100.0 * (1 + 0.03 * rng.standard_normal()) * (1.15 if hot else 1.0)
+            rate = 100.0 * (1 + 0.03 * rng.standard_normal())
+            rate *= (1.6 if bare else 1.15) if hot else 1.0
             share = 0.2 if hot else 0.005 if deployed else 0.0002
             errors = float(rng.poisson(share * rate * 10.0))
             rec = window(f"node-{d // 8:03d}/gpu{d % 8}", ts, pool="serve-a",
@@ -121,6 +124,10 @@ def _failing(
                          slo={"lat_p99_ms": (360.0 if hot else 120.0)
                               * (1 + 0.05 * rng.standard_normal()),
                               "quality": 0.999, "errors": errors})  # fmt: skip
+            if bare:
+                rec["ingress"] = {"req_rate": rate}
+                rec["slo"] = {"errors": errors}
+                del rec["device_stats"]
             batch.append(msg(rec, partition=d % 4))
         out.append(batch)
     return out
@@ -158,6 +165,16 @@ def test_failures_a_full_queue_sheds_are_capacity_not_a_page() -> None:
     limit and a fifth of its requests are shed, with nothing changed. The failures are the
     backlog's: no page, no ticket."""
     alerts = _alerts(_failing(150, burst=(90, 120), seed=2))
+    assert [a for a in alerts if a.severity != "info"] == [], [
+        (a.metric, a.severity, a.bottleneck, a.summary) for a in alerts
+    ]
+
+
+def test_failures_as_the_offered_load_rose_are_capacity_without_a_queue() -> None:
+    """Devices that report no queue, latency or heat: failures that rose with the offered
+    load (x1.6) are what a pool past capacity sheds. No page, no ticket."""
+    alerts = _alerts(_failing(150, burst=(90, 120), seed=2, bare=True))
+    assert [a for a in alerts if a.metric == "error_rate"], "the failures were found"
     assert [a for a in alerts if a.severity != "info"] == [], [
         (a.metric, a.severity, a.bottleneck, a.summary) for a in alerts
     ]
