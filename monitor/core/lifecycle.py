@@ -498,7 +498,11 @@ class AlertLifecycle:
         # change came right before it (within LEAD_WINDOWS, as any cause must): an admission
         # rule acts on the queue at once. A queue that built up at a burst long after a
         # traffic change is the burst's, like every burst before it: capacity, not a page.
-        since = inc.onset_ts - LEAD_WINDOWS * inc.window_s if bottleneck == "overload" else None
+        # Failures with no backlog seen (`errors`) likewise: a release that fails requests
+        # fails them from its first window; failures that began at a burst long after a
+        # deploy look like what the burst sheds, whatever the release.
+        lead = bottleneck == "overload" or (bottleneck == "errors" and metric in SHEDDING)
+        since = inc.onset_ts - LEAD_WINDOWS * inc.window_s if lead else None
         suggestion = self.advisor.suggest(
             inc, stage, bottleneck, guardrail(what, metric, before, self.s), level, since=since
         )

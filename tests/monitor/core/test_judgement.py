@@ -86,14 +86,17 @@ def test_error_rate_noise_alone_does_not_page() -> None:
 
 def _failing(
     windows: int, *, deploy_at: int | None = None, burst: tuple[int, int] | None = None,
-    seed: int = 0, announced: bool = True, bare: bool = False,
+    seed: int = 0, announced: bool = True, bare: bool = False, change_at: int | None = None,
+    rate_step: float = 1.0,
 ) -> list[list[RawMessage]]:  # fmt: skip
     """16 serving devices at about 100 requests per second (10 s windows) whose failed
     requests (`slo.errors`) are Poisson at 0.02 % of them. From `deploy_at` on, after a
     model deploy, 0.5 % fail. Over `burst` (first, last window) the offered load is 1.6x
     what the pool serves: it serves at capacity, its queue waits at the admission limit
     (20x), p99 triples, the die heats and a fifth of the requests are shed as errors.
-    `announced=False`: the deploy sends no change event (a dependency failing, say).
+    `announced=False`: the deploy sends no change event (a dependency failing, say);
+    `change_at`: its change event comes at that window instead (long before, say), and
+    from `deploy_at` the request rate is `rate_step` times what it was.
     `bare`: the devices report only their request rate and failures (no queue, latency or
     heat), and the rate they report is the offered one, 1.6x at the burst."""
     rng = np.random.default_rng(seed)
@@ -101,7 +104,8 @@ def _failing(
     for w in range(windows):
         ts = T0 + 10.0 * (w + 1)
         batch = []
-        if announced and deploy_at is not None and w == deploy_at - 1:
+        sent = change_at if change_at is not None else (deploy_at or 0) - 1
+        if announced and deploy_at is not None and w == sent:
             batch.append(msg({"v": 1, "ts": ts - 5.0, "id": "deploy-9", "kind": "model",
                               "scope": {"pool": "serve-a"}, "from": "m@1", "to": "m@2"},
                              topic="flopwatch.changes"))  # fmt: skip
@@ -109,7 +113,7 @@ def _failing(
         hot = burst is not None and burst[0] <= w <= burst[1]
         for d in range(16):
             rate = 100.0 * (1 + 0.03 * rng.standard_normal())
-            rate *= (1.6 if bare else 1.15) if hot else 1.0
+            rate *= (1.6 if bare else 1.15) if hot else rate_step if deployed else 1.0
             share = 0.2 if hot else 0.005 if deployed else 0.0002
             errors = float(rng.poisson(share * rate * 10.0))
             rec = window(f"node-{d // 8:03d}/gpu{d % 8}", ts, pool="serve-a",
@@ -158,6 +162,18 @@ def test_failures_with_no_change_to_blame_are_a_ticket() -> None:
     assert firing, [(a.metric, a.severity, a.summary) for a in alerts]
     assert {a.severity for a in firing} == {"ticket"}
     assert firing[-1].bottleneck == "errors"
+
+
+def test_failures_long_after_a_deploy_are_not_its_page() -> None:
+    """Failures that began 80 windows after a model deploy, as the load rose to one the
+    pool had not run at since (x1.15: not a load rise that sheds, no queue): a release
+    that fails requests fails them from its first window, so the deploy is not their
+    rollback, and without a change to blame they are a ticket."""
+    alerts = _alerts(_failing(150, deploy_at=100, change_at=20, rate_step=1.15))
+    firing = [a for a in alerts if a.status == "firing" and a.metric == "error_rate"]
+    assert firing, [(a.metric, a.severity, a.summary) for a in alerts]
+    assert {a.severity for a in firing} == {"ticket"}
+    assert {a.suggestion.change_id for a in firing} == {None}
 
 
 def test_failures_a_full_queue_sheds_are_capacity_not_a_page() -> None:
