@@ -480,9 +480,9 @@ class AlertLifecycle:
         metric = inc.primary_metric
         pts = inc.headline_points()
         before, after = _spans(pts) if metric in HEAT else _medians(pts)
-        # Levels are sent to 6 decimals: a level that rounds to 0 (no failed request
-        # before, up to float noise) has no relative change.
+        # Levels are sent to 6 decimals: one that rounds to 0 has no relative change.
         delta_pct = 100.0 * (after - before) / before if round(before, 6) else 0.0
+        levels = (before, after) if metric in SHEDDING else None  # failures: quote both
         stage = inc.first_failing_stage()
         support = _beside_pages(inc.supporting(), shown or [], metric)
         moved = {metric for _, metric, _ in support}
@@ -533,12 +533,7 @@ class AlertLifecycle:
         )
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev = "page"
-        if sev == "page" and metric in SHEDDING and suggestion.action != "rollback":
-            # Failures with no change to blame and no backlog seen: a pool whose queue
-            # sat at its admission limit from its streams' start never shows the queue
-            # step that would name them shed, so nothing tells them from a failing
-            # dependency. A ticket for the owners; a change that fits them pages.
-            sev = "ticket"
+        sev = _unblamed_failures(sev, metric, suggestion)
         novel = self._novel_load(inc, metric, moved, suggestion)
         if novel and sev != "info":
             # Burst is judged against burst: at a load the pool never ran at, what the
@@ -578,16 +573,7 @@ class AlertLifecycle:
             bottleneck=bottleneck,
             evidence=_evidence(inc),
             suggestion=suggestion,
-            summary=summary(
-                inc,
-                level,
-                what,
-                delta_pct,
-                suggestion,
-                bottleneck,
-                load,
-                (before, after) if metric in SHEDDING else None,
-            )
+            summary=summary(inc, level, what, delta_pct, suggestion, bottleneck, load, levels)
             + novel_text,
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
             not_judged=self._not_judged(inc),
@@ -705,6 +691,15 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
             )
         )
     }
+
+
+def _unblamed_failures(sev: Severity, metric: str, suggestion: Suggestion) -> Severity:
+    """At most a ticket for failures with no change to blame and no backlog seen: a pool
+    whose queue sat at its admission limit from its streams' start never shows the queue
+    step that would name them shed, so nothing tells them from a failing dependency."""
+    if sev == "page" and metric in SHEDDING and suggestion.action != "rollback":
+        return "ticket"
+    return sev
 
 
 def _pool_backlog(inc: Incident) -> set[str]:
