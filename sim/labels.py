@@ -58,7 +58,7 @@ def frame_indicator(frame: Frame, fleet: Fleet, name: str, layer: str | None, w:
     if layer is None:
         return _device_indicator(frame, fleet, name, w)
     peak = fleet.dev["peak"]
-    c = fleet.layer_col(layer) if layer is not None else -1
+    c = fleet.layer_col(layer)
     with np.errstate(divide="ignore", invalid="ignore"):
         match name:
             case "mfu":
