@@ -62,6 +62,12 @@ def offered_load_rose(ratio: float, moved: Iterable[str]) -> bool:
     return ratio >= 1.0 + SERVED_RISE and not QUEUEING.isdisjoint(moved)
 
 
+def is_load_context(p: ChangePoint) -> bool:
+    """Whether a point is context for what load did: an offered-load shift, or a queue
+    draining (the backlog a burst left is gone, and with it the work it gave)."""
+    return p.metric in LOAD_METRICS or (p.metric in QUEUEING and not p.is_regression)
+
+
 # A multi-device incident confirms on this share of its pool, or on hosts most of whose
 # devices moved.
 CLUSTER_SHARE = 0.25
@@ -120,7 +126,8 @@ class Incident:
     group_window_s: float = 300.0
     points: list[ChangePoint] = field(default_factory=list)
     evidence: list[ChangePoint] = field(default_factory=list)
-    # Offered-load shifts (LOAD_METRICS) of the pool around the onset: context, not evidence.
+    # Offered-load shifts (LOAD_METRICS) of the pool around the onset, and its queues
+    # draining (`is_load_context`): context, not evidence.
     load: list[ChangePoint] = field(default_factory=list)
     status: IncidentStatus = "open"
     resolved_ts: float = 0.0
@@ -377,11 +384,19 @@ class Incident:
         lo, hi = onset - self.group_window_s, max(onset + 2 * self.window_s, self.found_ts)
         latest: dict[str, ChangePoint] = {}
         for p in sorted(self.load, key=lambda q: q.onset_ts):
-            if lo <= p.onset_ts <= hi and p.before > 0:
+            if p.metric in LOAD_METRICS and lo <= p.onset_ts <= hi and p.before > 0:
                 latest[p.device] = p
         if not latest:
             return 1.0
         return float(median(p.after / p.before for p in latest.values()))
+
+    def drained(self) -> bool:
+        """Whether a queue in front of the pool drained as the incident began (within two
+        windows of its onset, as `confirmed_at` pairs indicators): the backlog that kept
+        its devices busy is gone."""
+        near = 2 * self.window_s
+        onset = self.onset_ts
+        return any(p.metric in QUEUEING and abs(p.onset_ts - onset) <= near for p in self.load)
 
     def first_failing_stage(self) -> Stage:
         """Most upstream stage among those whose indicators changed first.
@@ -660,13 +675,13 @@ class Correlator:
             self.incidents.append(inc)
             for e in self.recent:
                 if self._fits(inc, e):
-                    (inc.load if e.metric in LOAD_METRICS else inc.evidence).append(e)
+                    (inc.load if is_load_context(e) else inc.evidence).append(e)
         return inc
 
     def _file(self, e: ChangePoint) -> list[Incident]:
         """File a non-opening point: load context, or evidence of the open incidents it fits
-        (returned); kept a while for incidents that open later. Steps back are skipped."""
-        if e.metric in LOAD_METRICS:
+        (returned); kept a while for incidents that open later. Other steps back are skipped."""
+        if is_load_context(e):
             for inc in self.incidents:
                 if inc.status == "open" and self._fits(inc, e):
                     inc.load.append(e)

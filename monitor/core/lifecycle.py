@@ -22,6 +22,7 @@ from monitor.core.advisor import Advisor, bottleneck_class
 from monitor.core.correlator import (
     LEAD_WINDOWS,
     OVERLOAD_RATIO,
+    SERVED_RISE,
     ChangePoint,
     Incident,
     offered_load_rose,
@@ -534,18 +535,8 @@ class AlertLifecycle:
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev = "page"
         sev = _unblamed_failures(sev, metric, suggestion)
-        novel = self._novel_load(inc, metric, moved, suggestion)
-        if novel and sev != "info":
-            # Burst is judged against burst: at a load the pool never ran at, what the
-            # load model expects is an extrapolation, and nothing says this efficiency is
-            # worse than the pool's own at that load. A capacity finding for the owners.
-            sev = "info"
-        novel_text = (
-            f" at x{novel:.2f} the highest offered load the pool ran before (no earlier burst"
-            " at this load to compare with)"
-            if novel
-            else ""
-        )
+        sev, novel_text = self._load_explains(inc, sev, (metric, before, after), moved, load,
+                                              suggestion)  # fmt: skip
         return Alert(
             v=1,
             id=inc.alert_id or "",
@@ -615,6 +606,36 @@ class AlertLifecycle:
             # to the interconnect).
             classed = classed - {"sync_frac"}
         return classed, queue_only
+
+    def _load_explains(
+        self,
+        inc: Incident,
+        sev: Severity,
+        levels: tuple[str, float, float],
+        moved: set[str],
+        load: float,
+        suggestion: Suggestion,
+    ) -> tuple[Severity, str]:
+        """`sev`, lowered to info where the offered load explains the move, and the words
+        that say how (for the summary); `levels`: the metric, its levels before and after."""
+        metric, before, after = levels
+        novel = self._novel_load(inc, metric, moved, suggestion)
+        if novel:
+            # Burst is judged against burst: at a load the pool never ran at, what the
+            # load model expects is an extrapolation, and nothing says this efficiency is
+            # worse than the pool's own at that load. A capacity finding for the owners.
+            return "info", (
+                f" at x{novel:.2f} the highest offered load the pool ran before (no earlier"
+                " burst at this load to compare with)"
+            )
+        if less_work_offered(metric, before, after, load, moved, inc.drained()):
+            fell = (
+                f"the offered load fell to x{load:.2f}"
+                if _load_fell_as_much(before, after, load)
+                else "its queue drained"
+            )
+            return "info", f" as {fell} (less work offered; per-layer efficiency unchanged)"
+        return sev, ""
 
     def _novel_load(
         self, inc: Incident, metric: str, moved: set[str], suggestion: Suggestion
@@ -691,6 +712,26 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
             )
         )
     }
+
+
+def less_work_offered(
+    metric: str, before: float, after: float, load: float, moved: set[str], drained: bool
+) -> bool:
+    """Whether a device-MFU drop is the offered work's fall. Devices do the work they are
+    given: served FLOPs fall with the requests (hosts joining the pool, traffic ebbing),
+    by at most the load's own fall at the same work per request, and devices that served
+    a backlog at full speed slow to the offered rate once it drains (a burst ending),
+    whatever the served rate's detector has shown yet. Only with nothing else moved but
+    what follows load: no queue grew (a slower service at capacity serves less too, and
+    its queue grows) and no per-layer efficiency or mechanism moved."""
+    if metric != "device_mfu" or not moved <= LOAD_FOLLOWING | LOAD_METRICS:
+        return False
+    return drained or _load_fell_as_much(before, after, load)
+
+
+def _load_fell_as_much(before: float, after: float, load: float) -> bool:
+    """Whether the served rate fell materially, by at least a level's relative fall."""
+    return load < 1.0 - SERVED_RISE and after >= load * before
 
 
 def _unblamed_failures(sev: Severity, metric: str, suggestion: Suggestion) -> Severity:

@@ -11,6 +11,7 @@ from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator
 from monitor.core.lifecycle import AlertLifecycle
 from monitor.indicators import STAGE_OF
+from monitor.wire import Alert
 
 T0, W = 1_000_000.0, 10.0
 POOL, OLD, NEW = "serve-a", "llama-8b@v3", "llama-8b@v4"
@@ -203,3 +204,68 @@ def test_a_whole_host_confirms_however_large_its_pool() -> None:
         assert inc.confirmed_at(pool_devices, 3, 0.05, sizes) == T0 + 2 * W, pool_devices
     (inc,) = _host_waits(200, 3).incidents
     assert inc.confirmed_at(200, 3, 0.05, sizes) is None
+
+
+def _step(
+    metric: str, before: float, after: float, onset: float = T0, layer: str | None = None
+) -> list[ChangePoint]:
+    """A step of `metric` on pool a's aggregate and each of its 16 devices (node a-0, a-1)."""
+    return [
+        ChangePoint(
+            device=device, host=None if device == "pool:a" else device.split("/")[0], pool="a",
+            model="m@v1", layer=layer, metric=metric, stage=STAGE_OF[metric], onset_ts=onset,
+            detected_ts=T0 + 2 * W, before=before, after=after, score=1.2, window_s=W,
+        )
+        for device in ("pool:a", *(f"a-{h}/gpu{g}" for h in range(2) for g in range(8)))
+    ]  # fmt: skip
+
+
+def _served_drop(*context: list[ChangePoint]) -> Alert:
+    """Device MFU -18% on all 16 devices of pool a, found with `context` around it."""
+    counts = {("a", "m@v1"): 16}
+    corr = Correlator()
+    corr.add([*(p for c in context for p in c), *_pool_drop("a", T0, range(2))], T0 + 3 * W,
+             counts)  # fmt: skip
+    (inc,) = corr.incidents
+    return AlertLifecycle(AlertSettings(), Advisor()).render(inc, T0 + 4 * W, 16, "firing")
+
+
+def test_device_mfu_that_fell_with_the_offered_load_is_no_regression() -> None:
+    """Devices do the work they are given: their MFU -18% as the served rate halves (hosts
+    joining the pool, traffic ebbing), with no per-layer efficiency or queue moved, is an
+    info record saying so. The same drop with nothing around it pages, and so does one
+    the load's fall cannot cover (x0.9 against -18%), or one that came with a per-layer
+    efficiency's fall."""
+    assert _served_drop().severity == "page"
+    fell = _served_drop(_step("req_rate", 100.0, 50.0))
+    assert fell.severity == "info"
+    assert "offered load fell to x0.50" in fell.summary
+    assert _served_drop(_step("req_rate", 100.0, 90.0)).severity == "page"
+    less_efficient = _step("occupancy", 0.6, 0.45, layer="mlp")
+    assert _served_drop(_step("req_rate", 100.0, 50.0), less_efficient).severity == "page"
+
+
+def test_device_mfu_that_fell_as_the_queue_drained_is_no_regression() -> None:
+    """A burst's backlog kept the devices busy; as it drains they slow to the offered rate,
+    whatever the served rate's detector shows yet: info. Not so when the queue drained ten
+    windows before, nor when a per-layer efficiency fell with it."""
+    drained = _served_drop(_step("queue_wait_ms", 400.0, 20.0))
+    assert drained.severity == "info"
+    assert "its queue drained" in drained.summary
+    early = _step("queue_wait_ms", 400.0, 20.0, onset=T0 - 10 * W)
+    assert _served_drop(early).severity == "page"
+    less_efficient = _step("occupancy", 0.6, 0.45, layer="mlp")
+    assert _served_drop(_step("queue_wait_ms", 400.0, 20.0), less_efficient).severity == "page"
+
+
+def test_a_queue_that_drained_is_load_context_not_evidence() -> None:
+    """A queue's step down is filed with the offered load (`Incident.drained`), never as
+    evidence, and the offered load's ratio reads only the request rate."""
+    counts = {("a", "m@v1"): 16}
+    corr = Correlator()
+    corr.add([*_step("queue_wait_ms", 400.0, 20.0), *_pool_drop("a", T0, range(2))], T0 + 3 * W,
+             counts)  # fmt: skip
+    (inc,) = corr.incidents
+    assert inc.drained()
+    assert inc.evidence == []
+    assert inc.load_ratio() == 1.0
