@@ -528,7 +528,7 @@ class AlertLifecycle:
             # they are sized by their devices, as any other metric is.
             share = 1.0
         sev = (
-            heat_severity(before, after, self.s.page_loss)
+            heat_severity(before, after, self.s.page_loss, bottleneck)
             if metric in HEAT
             else severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
         )
@@ -971,12 +971,15 @@ def _spans(pts: list[ChangePoint]) -> tuple[float, float]:
     )
 
 
-def heat_severity(before: float, after: float, page_loss: float) -> Severity:
+def heat_severity(before: float, after: float, page_loss: float, bottleneck: str) -> Severity:
     """ticket or info for heat no power explains: at the same power a die sits at
     inlet + R * power, so 1 - before/after (°C) is a lower bound on the share of its
     cooling lost (the inlet is above 0 °C). Losing `page_loss` of it is worth a ticket;
     it pages only once the clock steps down too (`_hardware_fault`): until then no work
-    is lost, whatever the share of the pool."""
+    is lost, whatever the share of the pool. Heat that rose with a backlog (`overload`)
+    is the work the backlog brought, as any overload is: an info capacity record."""
+    if bottleneck == "overload":
+        return "info"
     lost = 1.0 - before / after if after > 0 else 0.0
     return "ticket" if lost >= page_loss else "info"
 

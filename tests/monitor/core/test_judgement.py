@@ -335,14 +335,15 @@ def test_a_throttling_member_that_slows_the_whole_job_pages_once() -> None:
 
 def _heated(
     windows: int, *, at: int, cooled: tuple[str, ...] = (), powered: tuple[str, ...] = (),
-    everyone: float = 1.0, powerless: bool = False, seed: int = 0,
+    everyone: float = 1.0, powerless: bool = False, seed: int = 0, backlog: bool = False,
 ) -> list[list[RawMessage]]:  # fmt: skip
     """16 training devices on two hosts whose dies follow first-order heat: each window
     the temperature moves a sixth of the way to inlet (25 °C) + R * power. From `at`:
     `cooled` devices' thermal resistance R is x1.4 (a failing fan: +18 °C at the same
     power, clock and MFU as before); `powered` devices draw 30 % more power (their heat
     follows it); every device draws `everyone` times its power (a heavier job).
-    `powerless`: the records carry no power."""
+    `powerless`: the records carry no power. `backlog`: the devices serve requests, and
+    from `at` on the queue in front of the `cooled` ones holds 12x as many (a backlog)."""
     rng = np.random.default_rng(seed)
     names = [f"node-{d // 8:03d}/gpu{d % 8}" for d in range(16)]
     temp = dict.fromkeys(names, 25.0 + 0.07 * 650.0)
@@ -364,6 +365,11 @@ def _heated(
             }
             if powerless:
                 del rec["device_stats"]["power_w"]
+            if backlog:
+                queued = late and name in cooled
+                depth = 12.0 * (12.0 if queued else 1.0) * (1 + 0.05 * rng.standard_normal())
+                rec["ingress"] = {"req_rate": 100.0 * (1 + 0.03 * rng.standard_normal()),
+                                  "batch": 32.0, "queue_depth": depth}  # fmt: skip
             batch.append(msg(rec, partition=d % 4))
         out.append(batch)
     return out
@@ -388,6 +394,18 @@ def test_heat_that_no_power_explains_is_a_cooling_ticket() -> None:
     assert last.after > 78.0
     assert T0 + 10.0 * 49 <= last.onset_ts <= T0 + 10.0 * 56
     assert [a for a in alerts if a.severity == "page"] == []
+
+
+def test_heat_that_rose_with_a_backlog_is_capacity_not_a_ticket() -> None:
+    """The same dies heating as their queues back up 12x: the heat came with a backlog
+    (overload), the work it brought, so an info capacity record, whatever its heat."""
+    cooled = ("node-000/gpu3", "node-000/gpu5")
+    alerts = _alerts(_heated(120, at=50, cooled=cooled, backlog=True))
+    assert [a for a in alerts if a.metric == "temp_c" or "temp_c" in {e.indicator for e in
+            a.evidence}], [(a.metric, a.severity) for a in alerts]  # fmt: skip
+    assert [a for a in alerts if a.severity != "info"] == [], [
+        (a.metric, a.severity, a.bottleneck, a.summary) for a in alerts
+    ]
 
 
 def test_heat_that_follows_power_is_no_incident() -> None:
