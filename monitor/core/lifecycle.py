@@ -27,7 +27,7 @@ from monitor.core.correlator import (
     Incident,
     offered_load_rose,
 )
-from monitor.core.coverage import not_judged
+from monitor.core.coverage import BIT, not_judged
 from monitor.core.load import LOAD_SENSITIVE
 from monitor.indicators import (
     BACKLOG,
@@ -519,13 +519,16 @@ class AlertLifecycle:
             bottleneck == "synchronisation"
             and any(layer in COMM_LAYERS for _, _, layer in support)
             and "device_mfu" in moved
+            and not _serving(inc)
         ):
             # A collective is as slow as its slowest member: every rank of the job waits
             # at the barrier for the host that is late, so the whole pool loses the time.
             # That loss is work not done, so the devices' MFU falls with it. Waits that
             # rose while their devices' work did not (a host's members waiting a little
             # longer for one of their own) have cost the job nothing measurable yet:
-            # they are sized by their devices, as any other metric is.
+            # they are sized by their devices, as any other metric is. So are a serving
+            # pool's: its replicas serve requests each on its own, so a slow one loses
+            # its own devices' work, not the pool's.
             share = 1.0
         sev = (
             heat_severity(before, after, self.s.page_loss, bottleneck)
@@ -714,6 +717,12 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     }
 
 
+def _serving(inc: Incident) -> bool:
+    """Whether the incident's devices serve requests (their records carry a request rate):
+    replicas that each serve on their own, not the ranks of one synchronous job."""
+    return any(p.fields >= 0 and p.fields & _REQ_RATE_FIELD for p in inc.points)
+
+
 def less_work_offered(
     metric: str, before: float, after: float, load: float, moved: set[str], drained: bool
 ) -> bool:
@@ -770,6 +779,8 @@ def _mechanisms(
         if metric not in BACKLOG | LOAD_FOLLOWING | LOAD_METRICS
     }
 
+
+_REQ_RATE_FIELD = BIT["req_rate"]
 
 # Per-layer efficiency judged against the load model's expectation: at a load never run
 # at, that expectation is an extrapolation.

@@ -9,6 +9,7 @@ import numpy as np
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator
+from monitor.core.coverage import BIT
 from monitor.core.lifecycle import AlertLifecycle
 from monitor.indicators import STAGE_OF
 from monitor.wire import Alert
@@ -269,3 +270,43 @@ def test_a_queue_that_drained_is_load_context_not_evidence() -> None:
     assert inc.drained()
     assert inc.evidence == []
     assert inc.load_ratio() == 1.0
+
+
+def _slow_host(fields: int) -> Alert:
+    """All-reduce waits 0.43 -> 0.65 and device MFU -9 % on the 8 devices of host h-0 in a
+    64-device pool, each device's newest record carrying `fields` (`coverage.BIT`)."""
+    pts = [
+        ChangePoint(
+            device=f"h-0/gpu{g}", host="h-0", pool="p", model="m@v1", layer=layer,
+            metric=metric, stage=STAGE_OF[metric], onset_ts=T0, detected_ts=T0 + 2 * W,
+            before=before, after=after, score=1.2, window_s=W, fields=fields,
+        )
+        for g in range(8)
+        for metric, layer, before, after in (
+            ("sync_frac", "allreduce", 0.43, 0.65), ("device_mfu", None, 0.32, 0.29),
+        )
+    ]  # fmt: skip
+    counts = {("p", "m@v1"): 64}
+    corr = Correlator()
+    corr.add(pts, T0 + 3 * W, counts)
+    (inc,) = corr.incidents
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    life.host_sizes = {"h-0": 8}
+    return life.render(inc, T0 + 4 * W, 64, "firing")
+
+
+def test_a_slow_host_costs_a_job_the_whole_pool_and_a_serving_pool_its_own_devices() -> None:
+    """A training job's ranks all wait at the barrier for the slow host, so its waits
+    weigh as the whole pool (a page); a serving pool's replicas serve each on their own,
+    so the same host there loses only its own devices' work (an eighth of the pool: a
+    ticket, not a page)."""
+    training = _slow_host(BIT["power_w"])
+    assert (training.metric, training.scope.level, training.severity) == (
+        "sync_frac", "host", "page"
+    )  # fmt: skip
+    serving = _slow_host(BIT["power_w"] | BIT["req_rate"])
+    assert (serving.metric, serving.scope.level, serving.severity) == (
+        "sync_frac",
+        "host",
+        "ticket",
+    )
