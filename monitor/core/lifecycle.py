@@ -538,8 +538,9 @@ class AlertLifecycle:
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev = "page"
         sev = _unblamed_failures(sev, metric, suggestion)
-        sev, novel_text = self._load_explains(inc, sev, (metric, before, after), moved, load,
-                                              suggestion)  # fmt: skip
+        sev, novel_text = self._load_explains(
+            inc, sev, (metric, before, after), moved, load, suggestion
+        )
         return Alert(
             v=1,
             id=inc.alert_id or "",
