@@ -632,12 +632,8 @@ class AlertLifecycle:
                 f" at x{novel:.2f} the highest offered load the pool ran before (no earlier"
                 " burst at this load to compare with)"
             )
-        if less_work_offered(metric, before, after, load, moved, inc.drained()):
-            fell = (
-                f"the offered load fell to x{load:.2f}"
-                if _load_fell_as_much(before, after, load)
-                else "its queue drained"
-            )
+        fell = _less_work_offered(metric, before, after, load, moved, inc.drained())
+        if fell:
             return "info", f" as {fell} (less work offered; per-layer efficiency unchanged)"
         return sev, ""
 
@@ -724,24 +720,22 @@ def _serving(inc: Incident) -> bool:
     return any(p.fields >= 0 and p.fields & _REQ_RATE_FIELD for p in inc.points)
 
 
-def less_work_offered(
+def _less_work_offered(
     metric: str, before: float, after: float, load: float, moved: set[str], drained: bool
-) -> bool:
-    """Whether a device-MFU drop is the offered work's fall. Devices do the work they are
-    given: served FLOPs fall with the requests (hosts joining the pool, traffic ebbing),
+) -> str:
+    """How a device-MFU drop is the offered work's fall, in words ("": it is not).
+    Devices do the work they are given: served FLOPs fall with the requests (hosts
+    joining the pool, traffic ebbing),
     by at most the load's own fall at the same work per request, and devices that served
     a backlog at full speed slow to the offered rate once it drains (a burst ending),
     whatever the served rate's detector has shown yet. Only with nothing else moved but
     what follows load: no queue grew (a slower service at capacity serves less too, and
     its queue grows) and no per-layer efficiency or mechanism moved."""
     if metric != "device_mfu" or not moved <= LOAD_FOLLOWING | LOAD_METRICS:
-        return False
-    return drained or _load_fell_as_much(before, after, load)
-
-
-def _load_fell_as_much(before: float, after: float, load: float) -> bool:
-    """Whether the served rate fell materially, by at least a level's relative fall."""
-    return load < 1.0 - SERVED_RISE and after >= load * before
+        return ""
+    if load < 1.0 - SERVED_RISE and after >= load * before:
+        return f"the offered load fell to x{load:.2f}"
+    return "its queue drained" if drained else ""
 
 
 def _unblamed_failures(sev: Severity, metric: str, suggestion: Suggestion) -> Severity:
