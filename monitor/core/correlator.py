@@ -616,7 +616,10 @@ class Correlator:
         Heat follows power (`HEAT_SOURCES`): a rise of the device's power, or of the
         offered load on any of its pool's devices (traffic reaches them alike; a device
         re-learning its level may not show it), from a grouping window before the rise (the
-        cooling's time constant) to two windows after it, explains it. So does heat that
+        cooling's time constant) to two windows after it, or up to the rise's detection
+        when that is later, explains it: a rise found late is dated no better than its
+        detection delay (as `Incident.load_ratio` reads it), so a burst that began before
+        the heat was found may be what heated the die. So does heat that
         rose within a grouping window on a real share of the pool (`SUPPORT_SHARE` of its
         devices), hosts other than this one's among them: traffic reaches a pool's hosts
         alike, while a cooling fault is one board's or one chassis's, or a few (and a
@@ -648,7 +651,7 @@ class Correlator:
         }
         out: list[ChangePoint] = []
         for p in ripe:
-            lo, hi = p.onset_ts - span, p.onset_ts + 2 * p.window_s
+            lo, hi = p.onset_ts - span, max(p.onset_ts + 2 * p.window_s, p.detected_ts)
             chassis = p.host or p.device
             alike = [q for q in heat.get(p.pool, ()) if abs(q.onset_ts - p.onset_ts) <= span]
             shared = any((q.host or q.device) != chassis for q in alike) and len(

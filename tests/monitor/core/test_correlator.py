@@ -6,7 +6,8 @@ import dataclasses
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
-from monitor.core.correlator import ChangePoint, Correlator
+from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Correlator
+from monitor.core.coverage import BIT
 from monitor.core.lifecycle import AlertLifecycle, severity
 from monitor.indicators import STAGE_OF
 from monitor.wire import ChangeEvent, ChangeScope
@@ -448,3 +449,24 @@ def test_a_host_scope_summary_names_the_host_holding_most_of_the_devices() -> No
     alert = lc.render(inc, T0 + 3 * W, 64, "firing")
     assert alert.scope.level == "host"
     assert "on host h9 (6 devices)" in alert.summary
+
+
+def test_heat_found_late_is_explained_by_a_burst_before_its_detection() -> None:
+    """A die's rise found 30 windows late is dated 20 windows before a burst its pool's
+    request rate shows: the onset is no better than the detection delay, so the burst
+    may be what heated it, and no cooling incident opens. A burst seen only after the
+    heat was found explains nothing: a cooling fault opens its incident."""
+
+    def incidents(burst_at: float) -> int:
+        heat = dataclasses.replace(
+            _pt("h0/gpu0", "temp_c", 50.0, 56.0, T0), detected_ts=T0 + 30 * W,
+            fields=BIT["power_w"],
+        )  # fmt: skip
+        corr = Correlator()
+        sizes = {(POOL, MODEL): 8}
+        corr.add([heat, _pt("h1/gpu0", "req_rate", 100.0, 150.0, burst_at)], T0 + 33 * W, sizes)
+        corr.add([], T0 + (31 + LEAD_WINDOWS) * W, sizes)
+        return len(corr.incidents)
+
+    assert incidents(T0 + 20 * W) == 0
+    assert incidents(T0 + 31 * W) == 1
