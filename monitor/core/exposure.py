@@ -17,6 +17,7 @@ again, so the advisor falls back to the plain look-back.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 BIN_S = 60.0
@@ -69,6 +70,25 @@ class PoolExposure:
         if not (math.isfinite(peak) and math.isfinite(prior)) or prior <= 0:
             return 1.0
         return peak / prior
+
+    def served_ratio(
+        self, pool: str | None, onset_ts: float, detected_ts: float, span_s: float
+    ) -> float:
+        """The pool's median minute (its peak request rate per device) from the onset's
+        minute to the detection's over its median minute in `span_s` before the onset:
+        how much more work its devices served as the change began. 1.0 when unknown."""
+        bins = self._bins.get(pool)
+        if not bins:
+            return 1.0
+        first = int(onset_ts // BIN_S)
+        after = [bins[k][0] for k in range(first, int(detected_ts // BIN_S) + 1) if k in bins]
+        before = [bins[k][0] for k in range(int((onset_ts - span_s) // BIN_S), first) if k in bins]
+        if not after or not before:
+            return 1.0
+        now, then = statistics.median(after), statistics.median(before)
+        if not (math.isfinite(now) and math.isfinite(then)) or then <= 0:
+            return 1.0
+        return now / then
 
     def tested(self, pool: str | None, since_ts: float, onset_ts: float, detected_ts: float,
                window_s: float, windows: int) -> bool:  # fmt: skip

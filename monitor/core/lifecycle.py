@@ -530,13 +530,16 @@ class AlertLifecycle:
             # pool's: its replicas serve requests each on its own, so a slow one loses
             # its own devices' work, not the pool's.
             share = 1.0
-        sev = (
-            heat_severity(before, after, self.s.page_loss, bottleneck)
-            if metric in HEAT
-            else severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
-        )
+        heat_text = ""
+        if metric in HEAT:
+            served = self._served(inc)
+            sev = heat_severity(before, after, self.s.page_loss, bottleneck, served)
+            if sev != heat_severity(before, after, self.s.page_loss, bottleneck):
+                heat_text = f" as its pool served x{served:.2f} the requests (heat follows work)"
+        else:
+            sev = severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
-            sev = "page"
+            sev, heat_text = "page", ""  # the clock stepped down: work is lost, whatever heated it
         sev = _unblamed_failures(sev, metric, suggestion)
         sev, novel_text = self._load_explains(
             inc, sev, (metric, before, after), moved, load, suggestion
@@ -569,7 +572,8 @@ class AlertLifecycle:
             evidence=_evidence(inc),
             suggestion=suggestion,
             summary=summary(inc, level, what, delta_pct, suggestion, bottleneck, load, levels)
-            + novel_text,
+            + novel_text
+            + heat_text,
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
             not_judged=self._not_judged(inc),
         )
@@ -655,6 +659,14 @@ class AlertLifecycle:
         highest minute of its pool's look-back before its grouping window (1.0: unknown)."""
         return self.advisor.exposure.novelty(
             inc.pool, inc.onset_ts, inc.found_ts, inc.onset_ts - inc.group_window_s
+        )
+
+    def _served(self, inc: Incident) -> float:
+        """The work its pool's devices served from the incident's onset to its first
+        detection over the grouping window before it (1.0: unknown, as on a training
+        pool, which reports no request rate)."""
+        return self.advisor.exposure.served_ratio(
+            inc.pool, inc.onset_ts, inc.found_ts, inc.group_window_s
         )
 
     def _unseen_load(self, inc: Incident) -> float:
@@ -977,16 +989,23 @@ def _spans(pts: list[ChangePoint]) -> tuple[float, float]:
     )
 
 
-def heat_severity(before: float, after: float, page_loss: float, bottleneck: str) -> Severity:
+def heat_severity(
+    before: float, after: float, page_loss: float, bottleneck: str, served: float = 1.0
+) -> Severity:
     """ticket or info for heat no power explains: at the same power a die sits at
     inlet + R * power, so 1 - before/after (°C) is a lower bound on the share of its
     cooling lost (the inlet is above 0 °C). Losing `page_loss` of it is worth a ticket;
     it pages only once the clock steps down too (`_hardware_fault`): until then no work
     is lost, whatever the share of the pool. Heat that rose with a backlog (`overload`)
-    is the work the backlog brought, as any overload is: an info capacity record."""
+    is the work the backlog brought, as any overload is: an info capacity record.
+
+    `served`: the work its pool's devices served since, over before (the request rate).
+    Power is idle power plus a part that grows with the work, so work x`served` (at
+    least 1) draws at most x`served` the power, and the same cooling holds the die at
+    most x`served` as far above 0 °C: only heat beyond that shows cooling lost."""
     if bottleneck == "overload":
         return "info"
-    lost = 1.0 - before / after if after > 0 else 0.0
+    lost = 1.0 - max(served, 1.0) * before / after if after > 0 else 0.0
     return "ticket" if lost >= page_loss else "info"
 
 

@@ -470,3 +470,33 @@ def test_heat_found_late_is_explained_by_a_burst_before_its_detection() -> None:
 
     assert incidents(T0 + 20 * W) == 0
     assert incidents(T0 + 31 * W) == 1
+
+
+def test_heat_no_more_than_the_work_served_brings_is_no_cooling_ticket() -> None:
+    """Two dies of a host +12 % (a ticket's worth of cooling lost at the same power)
+    while their pool served x1.5 the requests it served before (a burst its detectors,
+    re-learning after the last one, did not show as a change): x1.5 the work draws at
+    most x1.5 the power, so the heat says nothing of the cooling: an info record that
+    says why. The same heat at the same load is a ticket."""
+
+    def render(burst: float):
+        heat = [
+            dataclasses.replace(_pt(d, "temp_c", 50.0, 56.0, T0 + 30 * W),
+                                detected_ts=T0 + 34 * W, fields=BIT["power_w"])
+            for d in ("h0/gpu0", "h0/gpu1")
+        ]  # fmt: skip
+        corr = Correlator()
+        sizes = {(POOL, MODEL): 8}
+        corr.add(heat, T0 + 35 * W, sizes)
+        corr.add([], T0 + (35 + LEAD_WINDOWS) * W, sizes)
+        (inc,) = corr.incidents
+        adv = Advisor()
+        for w in range(45):
+            adv.exposure.observe(POOL, T0 + w * W, 100.0 * (burst if w >= 30 else 1.0))
+        return AlertLifecycle(AlertSettings(), adv).render(inc, T0 + 45 * W, 8, "firing")
+
+    calm = render(1.0)
+    assert (calm.metric, calm.severity) == ("temp_c", "ticket")
+    burst = render(1.5)
+    assert (burst.metric, burst.severity) == ("temp_c", "info")
+    assert "served x1.50 the requests" in burst.summary

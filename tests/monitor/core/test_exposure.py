@@ -43,3 +43,16 @@ def test_nothing_seen_is_no_test_and_old_minutes_are_forgotten() -> None:
     _fill(exp, "p", T0, T0 + 1800, math.nan)
     exp.prune(T0 + 1800 + 3600 + 120)
     assert not exp.tested("p", T0, T0 + 1800, T0 + 1830, W, 6)
+
+
+def test_served_ratio_compares_the_minutes_since_the_onset_with_those_before() -> None:
+    """A burst x1.8 from the onset: the minutes since over the grouping window before it.
+    Calm on both sides reads 1; a training pool (no request rate) and an unknown pool 1."""
+    exp = PoolExposure()
+    _fill(exp, "serve", T0, T0 + 600, 100.0)
+    _fill(exp, "serve", T0 + 600, T0 + 900, 180.0)
+    assert math.isclose(exp.served_ratio("serve", T0 + 600, T0 + 840, 300.0), 1.8)
+    assert math.isclose(exp.served_ratio("serve", T0 + 300, T0 + 540, 300.0), 1.0)
+    _fill(exp, "train", T0, T0 + 900, math.nan)
+    assert exp.served_ratio("train", T0 + 600, T0 + 840, 300.0) == 1.0
+    assert exp.served_ratio("other", T0 + 600, T0 + 840, 300.0) == 1.0

@@ -10,7 +10,7 @@ from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator
 from monitor.core.coverage import BIT
-from monitor.core.lifecycle import AlertLifecycle
+from monitor.core.lifecycle import AlertLifecycle, heat_severity
 from monitor.indicators import STAGE_OF
 from monitor.wire import Alert
 
@@ -310,3 +310,12 @@ def test_a_slow_host_costs_a_job_the_whole_pool_and_a_serving_pool_its_own_devic
         "host",
         "ticket",
     )
+
+
+def test_heat_severity_allows_what_the_work_served_brings() -> None:
+    """x`served` the work draws at most x`served` the power, so only heat beyond that
+    bound shows cooling lost; less work served excuses nothing."""
+    assert heat_severity(50.0, 56.0, 0.1, "thermal_power") == "ticket"
+    assert heat_severity(50.0, 56.0, 0.1, "thermal_power", served=1.2) == "info"
+    assert heat_severity(50.0, 70.0, 0.1, "thermal_power", served=1.2) == "ticket"
+    assert heat_severity(50.0, 56.0, 0.1, "thermal_power", served=0.5) == "ticket"
