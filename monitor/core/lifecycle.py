@@ -132,6 +132,20 @@ class AlertLifecycle:
         assert inc.alert_id is not None  # noqa: S101 - only paged incidents have one
         return self.states.setdefault(inc.alert_id, AlertState())
 
+    def told(self, inc: Incident) -> bool:
+        """Open, sent, and more than an `info` record: on-call was told of a fault.
+
+        An info record says what is not one (capacity, heat no more than the work
+        brought): nothing later can be that record's fault going on, nor its mechanism
+        already on on-call's screen.
+        """
+        sent = self.states.get(inc.alert_id or "")
+        return inc.paging and (sent is None or sent.severity != "info")
+
+    def _pages(self, incidents: list[Incident]) -> _Paged:
+        """What each incident on-call was told of shows (`told`), by (pool, model)."""
+        return _paged([inc for inc in incidents if self.told(inc)])
+
     def note_steps(self, points: list[ChangePoint], incidents: list[Incident]) -> None:
         """Primary metrics stepping back on a paged incident's devices: a fix showing."""
         for p in points:
@@ -166,7 +180,7 @@ class AlertLifecycle:
         self.host_sizes = host_sizes or {}
         sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
-        paged = _paged(incidents)
+        paged = self._pages(incidents)
         for at, inc in _faults_first(incidents):
             # (The fleet stage leaves one pool's incident to the replica that holds it.)
             if inc.status != "open" or inc.parent is not None or self._not_ours(inc):
@@ -247,7 +261,7 @@ class AlertLifecycle:
         re-posted within its `resolve_timeout`, while the regression goes on.
         """
         out: list[Alert] = []
-        paged = _paged(incidents)
+        paged = self._pages(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
@@ -274,15 +288,16 @@ class AlertLifecycle:
           of a faster core's time); the page's step, cordoning those devices, covers
           them, and a move seen mostly elsewhere is judged on its own;
         - a slower service: this incident is about what serving slower moves (queue,
-          latency, served MFU), and the mechanism behind it (a per-layer efficiency or
-          placement indicator) is one the paged incident moved, on its devices or on the
-          pool aggregate (a placement regression at the next burst).
+          latency, the requests a full queue sheds, served MFU), and the mechanism behind
+          it (a per-layer efficiency or placement indicator) is one the paged incident
+          moved, on its devices or on the pool aggregate (a placement regression at the
+          next burst).
         """
         throttled = _throttled(inc)
-        served = inc.primary_metric in QUEUEING | LOAD_FOLLOWING
+        served = inc.primary_metric in SERVED_SLOWER
         mine = _mechanisms(inc) if served else {}
         for hw in incidents:
-            if hw is inc or not hw.paging or (hw.pool, hw.model) != (inc.pool, inc.model):
+            if hw is inc or not self.told(hw) or (hw.pool, hw.model) != (inc.pool, inc.model):
                 continue
             shown = _Shown.of(hw)
             # A cooling fault (heat no power explains) is hardware too: its devices
@@ -401,7 +416,7 @@ class AlertLifecycle:
         so a quiet hour does not look like a fix and a burst does not look like a relapse.
         """
         out: list[Alert] = []
-        paged = _paged(incidents)
+        paged = self._pages(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
@@ -788,6 +803,9 @@ def _mechanisms(
 
 
 _REQ_RATE_FIELD = BIT["req_rate"]
+# What a pool serving slower moves: its queue and latency, the requests a full queue sheds,
+# and the work its devices serve.
+SERVED_SLOWER = BACKLOG | LOAD_FOLLOWING
 
 # Per-layer efficiency judged against the load model's expectation: at a load never run
 # at, that expectation is an extrapolation.
@@ -866,7 +884,7 @@ def _beside_pages(
     """
     if not shown:
         return support
-    served = primary in QUEUEING | LOAD_FOLLOWING
+    served = primary in SERVED_SLOWER
     out = {}
     for key, pts in support.items():
         own = pts
