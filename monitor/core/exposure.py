@@ -20,7 +20,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from monitor.indicators import DEFAULT_MIN_REL_CHANGE, MIN_REL_CHANGE
+
 BIN_S = 60.0
+# Loads within the request rate's reporting floor of each other are the same load: a pool
+# whose rate drifts up a fraction of a percent an hour still ran at its onset's load.
+SAME_LOAD = MIN_REL_CHANGE.get("req_rate", DEFAULT_MIN_REL_CHANGE)
 
 
 @dataclass
@@ -92,9 +97,10 @@ class PoolExposure:
 
     def tested(self, pool: str | None, since_ts: float, onset_ts: float, detected_ts: float,
                window_s: float, windows: int) -> bool:  # fmt: skip
-        """Whether the pool ran at least `windows` windows at the onset's load after
-        `since_ts` and clearly before `onset_ts` (the onset estimate's own uncertainty,
-        two windows, left out). False when unknown: nothing observed, or after a restart."""
+        """Whether the pool ran at least `windows` windows at the onset's load (within
+        `SAME_LOAD`) after `since_ts` and clearly before `onset_ts` (the onset estimate's
+        own uncertainty, two windows, left out). False when unknown: nothing observed, or
+        after a restart."""
         bins = self._bins.get(pool)
         if not bins:
             return False
@@ -108,8 +114,9 @@ class PoolExposure:
         if not at_onset:
             return False
         # The onset minute's peak request rate; -inf where the pool reports none (a training
-        # pool), and then every window is a test. Minutes are compared peak to peak.
-        need = max(at_onset)
+        # pool), and then every window is a test. Minutes are compared peak to peak, and a
+        # minute within `SAME_LOAD` below it ran at that load.
+        need = max(at_onset) / (1.0 + SAME_LOAD)
         count = 0.0
         for k in range(lo, hi + 1):
             b = bins.get(k)

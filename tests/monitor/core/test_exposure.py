@@ -56,3 +56,18 @@ def test_served_ratio_compares_the_minutes_since_the_onset_with_those_before() -
     _fill(exp, "train", T0, T0 + 900, math.nan)
     assert exp.served_ratio("train", T0 + 600, T0 + 840, 300.0) == 1.0
     assert exp.served_ratio("other", T0 + 600, T0 + 840, 300.0) == 1.0
+
+
+def test_a_rate_drifting_up_a_fraction_of_a_percent_still_ran_at_the_onsets_load() -> None:
+    """A pool whose rate creeps up 0.2 % over three hours ran at its onset's load all
+    along (within the request rate's reporting floor): a change three hours before the
+    onset was tested. Calm at 0.9 of a burst's peak is still no test of the burst."""
+    exp = PoolExposure()
+    t = T0
+    while t < T0 + 3 * 3600:
+        exp.observe("train", t, 1.347 + 0.003 * (t - T0) / (3 * 3600))
+        t += W
+    assert exp.tested("train", T0 + 60, T0 + 3 * 3600 - 600, T0 + 3 * 3600 - 570, W, 6)
+    _fill(exp, "serve", T0, T0 + 3600, 100.0)
+    _fill(exp, "serve", T0 + 3600, T0 + 3900, 111.0)
+    assert not exp.tested("serve", T0 + 30, T0 + 3600, T0 + 3630, W, 6)
