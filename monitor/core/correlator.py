@@ -392,11 +392,16 @@ class Incident:
 
     def drained(self) -> bool:
         """Whether a queue in front of the pool drained as the incident began (within two
-        windows of its onset, as `confirmed_at` pairs indicators): the backlog that kept
-        its devices busy is gone."""
+        windows of its onset, as `confirmed_at` pairs indicators, or between the drain's
+        onset and its detection: a change found late is dated no better than its detection
+        delay): the backlog that kept its devices busy is gone."""
         near = 2 * self.window_s
         onset = self.onset_ts
-        return any(p.metric in QUEUEING and abs(p.onset_ts - onset) <= near for p in self.load)
+        return any(
+            p.metric in QUEUEING
+            and p.onset_ts - near <= onset <= max(p.onset_ts, p.detected_ts) + near
+            for p in self.load
+        )
 
     def first_failing_stage(self) -> Stage:
         """Most upstream stage among those whose indicators changed first.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import numpy as np
@@ -248,12 +249,19 @@ def test_device_mfu_that_fell_with_the_offered_load_is_no_regression() -> None:
 
 def test_device_mfu_that_fell_as_the_queue_drained_is_no_regression() -> None:
     """A burst's backlog kept the devices busy; as it drains they slow to the offered rate,
-    whatever the served rate's detector shows yet: info. Not so when the queue drained ten
-    windows before, nor when a per-layer efficiency fell with it."""
+    whatever the served rate's detector shows yet: info. So too when the drain, dated four
+    windows before, was found two windows after the drop began (a change found late is
+    dated no better than its detection delay). Not so when the queue drained ten windows
+    before (found two windows later), nor when a per-layer efficiency fell with it."""
     drained = _served_drop(_step("queue_wait_ms", 400.0, 20.0))
     assert drained.severity == "info"
     assert "its queue drained" in drained.summary
-    early = _step("queue_wait_ms", 400.0, 20.0, onset=T0 - 10 * W)
+    late = _step("queue_wait_ms", 400.0, 20.0, onset=T0 - 4 * W)
+    assert _served_drop(late).severity == "info"
+    early = [
+        dataclasses.replace(p, detected_ts=T0 - 8 * W)
+        for p in _step("queue_wait_ms", 400.0, 20.0, onset=T0 - 10 * W)
+    ]
     assert _served_drop(early).severity == "page"
     less_efficient = _step("occupancy", 0.6, 0.45, layer="mlp")
     assert _served_drop(_step("queue_wait_ms", 400.0, 20.0), less_efficient).severity == "page"
