@@ -752,12 +752,12 @@ def _less_work_offered(
 ) -> str:
     """How a device-MFU drop is the offered work's fall, in words ("": it is not).
     Devices do the work they are given: served FLOPs fall with the requests (hosts
-    joining the pool, traffic ebbing),
-    by at most the load's own fall at the same work per request, and devices that served
-    a backlog at full speed slow to the offered rate once it drains (a burst ending),
-    whatever the served rate's detector has shown yet. Only with nothing else moved but
-    what follows load: no queue grew (a slower service at capacity serves less too, and
-    its queue grows) and no per-layer efficiency or mechanism moved."""
+    joining the pool, traffic ebbing), by at most the load's own fall at the same work
+    per request, and devices that served a backlog at full speed slow to the offered
+    rate once it drains (a burst ending), whatever the served rate's detector has shown
+    yet. Only with nothing else moved but what follows load: no queue grew (a slower
+    service at capacity serves less too, and its queue grows) and no per-layer
+    efficiency or mechanism moved."""
     if metric != "device_mfu" or not moved <= LOAD_FOLLOWING | LOAD_METRICS:
         return ""
     if load < 1.0 - SERVED_RISE and after >= load * before:
