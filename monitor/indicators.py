@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from monitor.arrays import F64, I64
+from monitor.arrays import F64
 from monitor.wire import Stage
 
 # Columns of the per (device, layer type) stream matrix.
@@ -193,62 +193,23 @@ def error_rate(errors: F64, req_rate: F64, window_s: F64) -> F64:
     return _ratio(errors, np.maximum(req_rate * window_s, errors))
 
 
-def _group_index(groups: I64, ts: F64) -> tuple[
-    I64, F64, I64
-]:  # fmt: skip
-    """Unique (group, ts) pairs, and each row's index into them."""
-    if groups.size == 0:
-        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=np.int64)
-    # One int64 key per (group, window): 1-D unique is far cheaper than unique(axis=0).
-    win, t_idx = np.unique(ts, return_inverse=True)
-    key = groups.astype(np.int64) * win.size + t_idx.reshape(-1)
-    ukey, inv = np.unique(key, return_inverse=True)
-    return ukey // win.size, win[ukey % win.size], inv.reshape(-1)
-
-
-def _nansum_by(inv: I64, n: int, values: F64) -> tuple[F64, F64]:
-    """Per-group sums ignoring NaN, and how many finite values each had (per column)."""
-    ok = np.isfinite(values)
-    clean = np.where(ok, values, 0.0)
-    sums = np.empty((n, values.shape[1]))
-    counts = np.empty((n, values.shape[1]))
-    for c in range(values.shape[1]):  # a few columns; bincount beats ufunc.at by ~10x
-        sums[:, c] = np.bincount(inv, weights=clean[:, c], minlength=n)
-        counts[:, c] = np.bincount(inv, weights=ok[:, c], minlength=n)
-    return sums, counts
-
-
-def group_sums(groups: I64, ts: F64, raw: F64, peak: F64) -> tuple[
-    I64, F64, F64, F64
-]:  # fmt: skip
-    """Per (group, window): summed raw layer counters, with flops in units of each row's peak.
-
-    Summing `flops / peak` lets one pool mix chips: pool MFU = sum(flops/peak) / sum(busy_s).
-    Ratio counters (occupancy, sram_hit, fallback_frac) are averaged instead of summed.
-    Returns (group ids, ts, raw-like matrix, peak column of ones).
-    """
-    gid, gts, inv = _group_index(groups, ts)
-    if gid.size == 0:
-        return gid, gts, np.empty((0, raw.shape[1])), np.empty(0)
+def per_peak(raw: F64, peak: F64) -> F64:
+    """Raw layer counters with flops in units of each row's peak, to be summed per group:
+    pool MFU = sum(flops/peak) / sum(busy_s) lets one pool mix chips (`summed_layers`)."""
     scaled = raw.copy()
     fl = LAYER_INPUTS.index("flops")
     scaled[:, fl] = raw[:, fl] / peak
-    sums, counts = _nansum_by(inv, gid.size, scaled)
-    means = {LAYER_INPUTS.index(k) for k in ("occupancy", "sram_hit", "fallback_frac")}
+    return scaled
+
+
+_MEANS = [LAYER_INPUTS.index(k) for k in ("occupancy", "sram_hit", "fallback_frac")]
+
+
+def summed_layers(sums: F64, counts: F64) -> F64:
+    """A group's raw-like layer counters from per-column sums and finite counts of
+    `per_peak` rows: counters summed, ratio counters averaged (NaN: none measured)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where(counts > 0, sums, np.nan)
-        for c in means:
+        for c in _MEANS:
             out[:, c] = sums[:, c] / counts[:, c]
-    return gid, gts, out, np.ones(gid.size)
-
-
-def group_means(groups: I64, ts: F64, values: F64) -> tuple[
-    I64, F64, F64
-]:  # fmt: skip
-    """Per (group, window) mean of each column, ignoring NaN."""
-    gid, gts, inv = _group_index(groups, ts)
-    if gid.size == 0:
-        return gid, gts, np.empty((0, values.shape[1]))
-    sums, counts = _nansum_by(inv, gid.size, values)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return gid, gts, sums / counts
+    return out

@@ -38,15 +38,10 @@ class GroupLevels:
         self._grow(int(rows.max()) + 1)
         newer = last[~(self.ts[rows[last]] >= ts[last])]  # NaN (never seen) is older
         r, t = rows[newer], ts[newer]
-        # Devices behind each chosen (group, window): the layer rows of that group and time.
-        wanted = np.full(self.ts.size, np.nan)
-        wanted[r] = t
-        hit = frame.layer_ts == wanted[frame.layer_group]
-        devices = np.bincount(frame.layer_group[hit], minlength=self.ts.size)[r]
         self.ts[r] = t
         self.values[r, 0] = frame.pool_layer_values[newer, _MFU]
         self.values[r, 1] = frame.pool_layer_values[newer, _STALL]
-        self.values[r, 2] = devices
+        self.values[r, 2] = frame.pool_layer_devices[newer]
 
     def forget(self, groups: I64) -> None:
         """Groups the table let go of (their ids may be reused)."""

@@ -25,6 +25,7 @@ import numpy as np
 from monitor.arrays import F64, I64, Bools, grown
 from monitor.core.coverage import COARSE_LAYER, record_masks
 from monitor.core.layer_index import LayerIndex
+from monitor.core.window_sums import OpenWindows
 from monitor.hardware import Catalog
 from monitor.indicators import (
     DEVICE_METRICS,
@@ -32,9 +33,9 @@ from monitor.indicators import (
     LAYER_METRICS,
     device_mfu,
     error_rate,
-    group_means,
-    group_sums,
     layer_metrics,
+    per_peak,
+    summed_layers,
 )
 from monitor.wire import DeviceStats, Ingress, Slo, WindowRecord
 
@@ -65,6 +66,8 @@ class Frame:
     pool_device_values: F64 = field(default_factory=lambda: np.empty((0, len(DEVICE_METRICS))))
     pool_layer_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
     pool_device_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
+    # Devices behind each pool layer aggregate (those that reported busy time).
+    pool_layer_devices: F64 = field(default_factory=lambda: np.empty(0))
 
     @staticmethod
     def waves(rows: I64) -> list[I64]:
@@ -198,6 +201,7 @@ _STATS, _INGRESS, _SLO = (attrgetter(*f) for f in (_STATS_FIELDS, _INGRESS_FIELD
 _NO_STATS, _NO_INGRESS, _NO_SLO = DeviceStats(), Ingress(), Slo()  # every field None
 _BATCH, _REQ_RATE = _INGRESS_FIELDS.index("batch"), _INGRESS_FIELDS.index("req_rate")
 _ERRORS = DEVICE_METRICS.index("error_rate")
+_BUSY = LAYER_INPUTS.index("busy_s")
 _DEVICE_RAW_FIELDS = (*_STATS_FIELDS, *_INGRESS_FIELDS, *_SLO_FIELDS)
 _INGRESS_AT = slice(len(_STATS_FIELDS), len(_STATS_FIELDS) + len(_INGRESS_FIELDS))
 
@@ -297,6 +301,9 @@ class StreamTable:
     group_seen: F64 = field(default_factory=lambda: np.empty(0))
     # Per device row: the fields its newest window record carried (`coverage`); -1 unknown.
     device_fields: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Each group's newest window while it may still grow (`OpenWindows`; not checkpointed).
+    layer_windows: OpenWindows = field(default_factory=OpenWindows)
+    device_windows: OpenWindows = field(default_factory=OpenWindows)
     # Rows (device, layer, group) evicted since the last `take_evicted`.
     _evicted_rows: tuple[list[int], list[int], list[int]] = field(
         default_factory=lambda: ([], [], [])
@@ -532,6 +539,8 @@ class StreamTable:
         self.free_layer_rows.extend(rows)
 
     def _drop_groups(self, gids: list[int]) -> None:
+        self.layer_windows.forget(gids)
+        self.device_windows.forget(gids)
         for gid in gids:
             del self.groups[self.group_key(gid)]
             self.group_keys[gid] = None
@@ -704,10 +713,17 @@ class StreamTable:
         np.maximum.at(self.group_seen, layer_group, layer_ts)
         np.maximum.at(self.group_seen, device_group, device_ts)
         self._note_fields(c, raw, dvals[:, 1:], layer_group, device_rows)
-        pl_rows, pl_ts, pl_raw, pl_peak = group_sums(layer_group, layer_ts, raw, peak)
-        pd_rows, pd_ts, pd_vals = group_means(device_group, device_ts, dvals)
-        _, _, pl_load = group_means(layer_group, layer_ts, layer_load)
-        _, _, pd_load = group_means(device_group, device_ts, device_load)
+        # Aggregates of complete windows only (`OpenWindows`); load columns ride along.
+        pl_rows, pl_ts, sums, counts = self.layer_windows.take(
+            layer_group, layer_ts, np.hstack([per_peak(raw, peak), layer_load])
+        )
+        k = len(LAYER_INPUTS)
+        pd_rows, pd_ts, dsums, dcounts = self.device_windows.take(
+            device_group, device_ts, np.hstack([dvals, device_load])
+        )
+        d = len(DEVICE_METRICS)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pl_load, means = sums[:, k:] / counts[:, k:], dsums / dcounts
         return Frame(
             layer_rows=layer_rows,
             layer_ts=layer_ts,
@@ -722,12 +738,15 @@ class StreamTable:
             device_load=device_load,
             pool_layer_rows=pl_rows,
             pool_layer_ts=pl_ts,
-            pool_layer_values=layer_metrics(pl_raw, pl_peak),
+            pool_layer_values=layer_metrics(
+                summed_layers(sums[:, :k], counts[:, :k]), np.ones(pl_rows.size)
+            ),
             pool_device_rows=pd_rows,
             pool_device_ts=pd_ts,
-            pool_device_values=pd_vals,
+            pool_device_values=means[:, :d],
             pool_layer_load=pl_load,
-            pool_device_load=pd_load,
+            pool_device_load=means[:, d:],
+            pool_layer_devices=counts[:, _BUSY],
         )
 
     def _note_fields(

@@ -12,7 +12,7 @@ MFU = LAYER_METRICS.index("mfu")
 
 
 def frame(groups: list[int], ts: list[float], mfu: list[float], devices: list[int]) -> Frame:
-    """A frame with one aggregate row per (group, ts) and `devices` layer rows behind each."""
+    """A frame with one aggregate row per (group, ts) and `devices` devices behind each."""
     values = np.full((len(groups), len(LAYER_METRICS)), 0.1)
     values[:, MFU] = mfu
     empty = np.empty(0)
@@ -23,7 +23,7 @@ def frame(groups: list[int], ts: list[float], mfu: list[float], devices: list[in
         device_values=np.empty((0, 1)), kernel_changes=[],
         layer_group=np.repeat(groups, devices).astype(np.int64),
         pool_layer_rows=np.array(groups, dtype=np.int64), pool_layer_ts=np.array(ts),
-        pool_layer_values=values,
+        pool_layer_values=values, pool_layer_devices=np.array(devices, dtype=np.float64),
     )  # fmt: skip
 
 
