@@ -118,6 +118,7 @@ class LateJoinSource(SimulatorSource):
 async def run_scenario(name: str, devices: int | None, seed: int, settings: Settings,
                        tolerance: float, late_join: tuple[float, float] | None = None,
                        *, wide: bool = False, duration_s: float | None = None,
+                       partitions: int = 4,
                        ) -> tuple[ScenarioResult, list[Alert]]:  # fmt: skip
     """Simulate one scenario, run the monitor over it, and score the alerts."""
     sc = SCENARIOS[name]
@@ -126,14 +127,14 @@ async def run_scenario(name: str, devices: int | None, seed: int, settings: Sett
                    wide=wide)  # fmt: skip
     sink = ListSink()
     t0 = time.perf_counter()
-    source: SimulatorSource = SimulatorSource(sim, settings.kafka.topics, partitions=4)
+    source: SimulatorSource = SimulatorSource(sim, settings.kafka.topics, partitions=partitions)
     if late_join is not None:
         share, frac = late_join
         windows = sim.n_windows
         source = LateJoinSource(
             sim,
             settings.kafka.topics,
-            partitions=4,
+            partitions=partitions,
             every=max(1, round(1.0 / share)),
             join_at=round(frac * windows),
         )
@@ -332,6 +333,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--hours", type=float, default=None,
                     help="each scenario's duration (default: the scenario's own)")  # fmt: skip
     ap.add_argument("--tolerance", type=float, default=6.0, help="onset match, in windows")
+    ap.add_argument("--partitions", type=int, default=4,
+                    help="input partitions the records are keyed over (by device)")  # fmt: skip
     ap.add_argument("--scenario", action="append", help="run only these")
     ap.add_argument(
         "--late-join",
@@ -373,6 +376,7 @@ def main() -> int:
         "detector": settings.detector.kind,
         "detector_params": settings.detector.params,
         "late_join": args.late_join,
+        "partitions": args.partitions,
         "wide": not args.classic,
         "scenarios": names,
     }
@@ -383,7 +387,8 @@ def main() -> int:
             for name in names:
                 res, _ = asyncio.run(run_scenario(
                     name, args.devices, seed, settings, args.tolerance, args.late_join,
-                    wide=not args.classic, duration_s=duration))  # fmt: skip
+                    wide=not args.classic, duration_s=duration,
+                    partitions=args.partitions))  # fmt: skip
                 results.append(res)
                 print(f"{label} seed {seed} {name}: found {res.found}/{res.incidents}, "
                       f"false {res.false_incidents} ({res.false_pages} pages), "
