@@ -97,6 +97,9 @@ class ChangePoint:
     # The fields its device's newest record carried when it was found (`core.coverage`;
     # -1: not known, as on pool aggregates): what the alert says it could not judge.
     fields: int = -1
+    # On a pool aggregate: the devices behind it (its partition's share of the pool);
+    # 0 on a device's point, or not known.
+    members: int = 0
 
     @property
     def is_aggregate(self) -> bool:
@@ -246,25 +249,38 @@ class Incident:
         m = self.primary_metric
         return [p for p in self.points if p.metric == m]
 
-    def aggregate_share(self) -> float:
-        """The share of its pool its primary metric moved on, as the pool aggregate tells it:
-        the aggregate's shift over the median shift of its devices (0.0: no aggregate of that
-        metric and layer moved at its onset).
+    def aggregate_share(self, pool_devices: int = 0) -> float:
+        """The share of its pool its primary metric moved on, as the pool aggregates tell it
+        (0.0: no aggregate of that metric and layer moved at its onset).
 
-        An aggregate is a mean over the pool, so a fault on k of n devices moves it by k / n
-        of their shift: a host's fault moves it a little, a pool's as much as its devices.
-        Streams too young or too noisy to show the shift one by one still move their mean.
+        An aggregate is a mean over its devices, so a fault on k of its n devices moves it
+        by k / n of their shift: a host's fault moves it a little, a pool's as much as its
+        devices. Streams too young or too noisy to show the shift one by one still move
+        their mean. Records are keyed by device, so each input partition aggregates its
+        own share of the pool: its shift times its devices is the sum of their shifts, k
+        times theirs, and over the partitions that moved (one that did not adds about
+        nothing) that sum over the pool's devices is the share. Without the pool's size or
+        an aggregate's devices, the median aggregate's shift over theirs.
         """
         metric = self.primary_metric
         layers: set[str | None] = set(self.layers) or {None}
         near = 2 * self.window_s
-        shifts = [e.after - e.before for e in self.evidence
-                  if e.is_aggregate and e.metric == metric and e.layer in layers
-                  and abs(e.onset_ts - self.onset_ts) <= near]  # fmt: skip
+        moved = [e for e in self.evidence
+                 if e.is_aggregate and e.metric == metric and e.layer in layers
+                 and abs(e.onset_ts - self.onset_ts) <= near]  # fmt: skip
         own = median(p.after - p.before for p in self.primary_points())
-        if not shifts or own == 0.0:
+        if not moved or own == 0.0:
             return 0.0
-        return min(1.0, max(0.0, median(shifts) / own))
+        if pool_devices > 0 and all(e.members > 0 for e in moved):
+            per_part: dict[tuple[int, int], list[ChangePoint]] = {}
+            for e in moved:
+                per_part.setdefault((e.partition, e.row), []).append(e)
+            summed = sum(
+                median(e.after - e.before for e in es) * max(e.members for e in es)
+                for es in per_part.values()
+            )
+            return min(1.0, max(0.0, summed / (own * pool_devices)))
+        return min(1.0, max(0.0, median(e.after - e.before for e in moved) / own))
 
     def _layer_devices(self) -> dict[str | None, set[str]]:
         by_layer: dict[str | None, set[str]] = {}
@@ -542,7 +558,7 @@ class Incident:
         n = len(self.devices)
         if pool_devices > 0 and n >= max(2, pool_fraction * pool_devices):
             return "pool"
-        if n >= 2 and self.aggregate_share() >= pool_fraction:
+        if n >= 2 and self.aggregate_share(pool_devices) >= pool_fraction:
             return "pool"  # the pool's mean moved as far as its devices: the pool did
         if n > 1 and len(self.hosts) == 1:
             return "host"

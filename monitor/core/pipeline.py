@@ -692,6 +692,7 @@ class Pipeline:
                     window_s,
                 )
                 fields = -1
+                members = table.members(row, device_level=kind.columns != LAYER_METRICS)
             else:
                 if kind.columns == LAYER_METRICS:
                     device, layer = table.device_of_layer_row(row)
@@ -704,6 +705,7 @@ class Pipeline:
                 pool, model, host, win = dev.pool, dev.model, dev.host, dev.window_s
                 known = table.fields_of(device)
                 fields = -1 if known is None else known
+                members = 0
             out.append(ChangePoint(
                 device=device, host=host, pool=pool, model=model, layer=layer, metric=metric,
                 stage=stage_of(metric, layer, STAGE_OF[metric]), onset_ts=float(det.onset_ts[i]),
@@ -711,7 +713,7 @@ class Pipeline:
                 after=float(det.after[i]), score=float(np.round(det.score[i], 6)),
                 window_s=win, row=row, partition=partition,
                 norm_before=float(norm.before[i]), norm_after=float(norm.after[i]),
-                fields=fields,
+                fields=fields, members=members,
             ))  # fmt: skip
         return out
 

@@ -771,6 +771,12 @@ class StreamTable:
         self.device_fields = _fit_mask(self.device_fields, int(device_rows.max()) + 1)
         self.device_fields[device_rows[last]] = masks[last]
 
+    def members(self, gid: int, *, device_level: bool) -> int:
+        """Devices behind a group's aggregate: the most that reported one of its windows
+        (`OpenWindows.members`; 0: none yet)."""
+        m = (self.device_windows if device_level else self.layer_windows).members
+        return int(m[gid]) if gid < m.size else 0
+
     def fields_of(self, device: str) -> int | None:
         """The field mask of a device's newest record (`coverage`); None if not tracked."""
         dev = self.devices.get(device)

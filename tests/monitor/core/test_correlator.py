@@ -437,6 +437,37 @@ def test_a_pool_whose_mean_moved_as_far_as_its_devices_is_the_incidents_scope() 
     assert _mfu_on_some(9, pool_shift=None).scope_level(24, 0.5) == "device"
 
 
+def _mfu_with_partition_means(k: int, parts: dict[int, tuple[int, float]]):
+    """Attention MFU 0.50 -> 0.43 on `k` devices of one host in a pool of 64; per input
+    partition p, its aggregate over `members` devices down by `shift`."""
+    pts = [dataclasses.replace(_pt(f"h0/gpu{i}", "mfu", 0.50, 0.43, T0), layer="attention")
+           for i in range(k)]  # fmt: skip
+    for part, (members, shift) in parts.items():
+        agg = _pt("pool:vision", "mfu", 0.50, 0.50 - shift, T0)
+        pts.append(dataclasses.replace(agg, host=None, layer="attention", row=3,
+                                       partition=part, members=members))  # fmt: skip
+    corr = Correlator()
+    corr.add(pts, T0 + 6 * W, {(POOL, MODEL): 64})
+    (inc,) = corr.incidents
+    return inc
+
+
+def test_a_partitions_mean_over_a_few_devices_is_not_the_pool() -> None:
+    """Records are keyed by device, so each input partition aggregates its own share of a
+    pool. One whose two devices are both on the faulty host moved as far as they did; the
+    pool did not (16 partitions: fleet_day seed 4 ticketed a host's waits as the whole
+    job). Every partition's mean moving as far is the pool."""
+    host = _mfu_with_partition_means(4, {5: (2, 0.07)})
+    assert abs(host.aggregate_share(64) - 0.07 * 2 / (0.07 * 64)) < 1e-9
+    assert host.scope_level(64, 0.5) == "host"
+    pool = _mfu_with_partition_means(4, dict.fromkeys(range(4), (16, 0.07)))
+    assert pool.aggregate_share(64) > 0.99
+    assert pool.scope_level(64, 0.5) == "pool"
+    # Unknown devices behind an aggregate (an older checkpoint's point): its shift alone.
+    old = _mfu_with_partition_means(4, {5: (0, 0.07)})
+    assert old.aggregate_share(64) > 0.99
+
+
 def test_a_host_scope_summary_names_the_host_holding_most_of_the_devices() -> None:
     """Five devices of h9 and a stray one of h1 (which sorts first): host h9 is named."""
     devs = ["h1/gpu0", *(f"h9/gpu{i}" for i in range(5))]
