@@ -86,15 +86,19 @@ class OpenWindows:
         out: list[tuple[I64, F64, F64, F64]] = []
         if not self.held:
             return out
-        at_of = {key: i for i, key in enumerate(zip(gid.tolist(), gts.tolist(), strict=True))}
-        moved_on = set(gid.tolist())
-        for g, h in list(self.held.items()):
-            at = at_of.get((g, h.ts))
-            if at is not None:
+        # This batch's windows of each held group: a slice of `gid` (sorted by group).
+        held = np.fromiter(self.held, dtype=np.int64, count=len(self.held))
+        starts = np.searchsorted(gid, held, "left").tolist()
+        ends = np.searchsorted(gid, held, "right").tolist()
+        for g, lo, hi in zip(held.tolist(), starts, ends, strict=True):
+            h = self.held[g]
+            same = np.flatnonzero(gts[lo:hi] == h.ts)
+            if same.size:
+                at = lo + int(same[0])
                 sums[at] += h.sums
                 counts[at] += h.counts
                 n[at] += h.n
-            elif g in moved_on:  # only later windows came: this one is over
+            elif hi > lo:  # only later windows came: this one is over
                 out.append((np.array([g]), np.array([h.ts]), h.sums[None, :], h.counts[None, :]))
                 self.closed[g] = h.ts
                 # The group has this many members now (one left): later windows of that
