@@ -75,6 +75,7 @@ class ScenarioResult:
     seed: int = 0
     hours: float = 0.0  # simulated event time
     found: int = 0
+    paged: int = 0  # found by an alert that reached severity page (on-call was woken)
     false_incidents: int = 0
     false_pages: int = 0  # of those, at severity page at some point (what wakes on-call)
     false_tickets: int = 0  # at most ticket
@@ -87,6 +88,7 @@ class ScenarioResult:
     ended: int = 0
     delays: list[float] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)
+    unpaged: list[str] = field(default_factory=list)  # found, but never paged
     false: list[str] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)  # found, wrong stage or rollback
     seconds: float = 0.0
@@ -206,6 +208,12 @@ def _match(res: ScenarioResult, inc: dict[str, Any], by_id: dict[str, list[Alert
     res.duplicate_alerts += len(hits) - 1
     first = min((by_id[h][0] for h in hits), key=lambda a: a.detected_ts)
     last = by_id[first.id][-1]
+    worst = min(_SEVERITY.index(a.severity) for h in hits for a in by_id[h])
+    res.paged += worst == 0
+    if worst:
+        res.unpaged.append(
+            f"{_want(inc)}: {_SEVERITY[worst]} {_describe(last, inc['onset_ts'], w)}"
+        )
     res.delays.append((first.detected_ts - inc["onset_ts"]) / w)
     stage_ok = last.first_failing_stage == inc["first_failing_stage"]
     rollback_ok = last.suggestion.change_id == inc["change_id"]
@@ -267,6 +275,8 @@ def summarize(results: list[ScenarioResult]) -> dict[str, Any]:
     tickets = sum(r.false_tickets for r in results)
     return {
         "incident_recall": round(found / total, 3) if total else None,
+        # Labelled incidents are regressions on-call must hear of: found at page severity.
+        "page_recall": round(sum(r.paged for r in results) / total, 3) if total else None,
         "stage_accuracy": round(sum(r.stage_ok for r in results) / found, 3) if found else None,
         "rollback_accuracy": round(sum(r.rollback_ok for r in results) / found, 3)
         if found
@@ -300,8 +310,10 @@ def print_table(results: list[ScenarioResult]) -> None:
         print(f"{r.scenario:24} {r.seed:>4} {r.incidents:>3} {r.found:>5} {r.false_incidents:>5} "
               f"{r.false_pages:>6} {r.duplicate_alerts:>3} {r.stage_ok:>5} {r.rollback_ok:>6} "
               f"{delay:>5} {r.seconds:>5.1f}")  # fmt: skip
-        for note in [*(f"miss {m}" for m in r.misses), *(f"wrong {x}" for x in r.wrong),
-                     *(f"false {f}" for f in r.false)]:  # fmt: skip
+        notes = [*(f"miss {m}" for m in r.misses), *(f"wrong {x}" for x in r.wrong),
+                 *(f"unpaged {u}" for u in r.unpaged),
+                 *(f"false {f}" for f in r.false)]  # fmt: skip
+        for note in notes:
             print(f"    {note}")
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+import msgspec
 import pytest
+from factories import fleet
 
-from bench.diagnose import ScenarioResult, seed_list, summarize
+from bench.diagnose import ScenarioResult, score, seed_list, summarize
+from monitor.config import Settings
+from monitor.core.pipeline import Pipeline
 
 
 def test_seed_lists() -> None:
@@ -33,3 +37,26 @@ def test_pooled_keys_and_rates() -> None:
     assert got["rollback_accuracy"] == 0.5
     assert got["false_pages_per_hour"] == 0.5
     assert got["false_incidents"] == 2
+
+
+def test_page_recall_counts_only_incidents_that_woke_oncall() -> None:
+    """A labelled incident found at ticket severity is found, not paged, and says so."""
+    p = Pipeline(Settings())
+    alerts = [a for b in fleet(80, regress_at=40, change_at=39) for a in p.process(b).alerts]
+    firing = [a for a in alerts if a.status == "firing"]
+    assert firing
+    assert firing[0].severity == "page"
+    first = firing[0]
+    labels = {
+        "scenario": "x", "window_s": 10.0, "start_ts": first.onset_ts - 400.0, "changes": [],
+        "incidents": [{"id": "inc-1", "onset_ts": first.onset_ts, "first_failing_stage": "x",
+                       "change_id": None, "scope": {"pool": first.scope.pool, "level": "pool"}}],
+    }  # fmt: skip
+    paged = score(labels, alerts, tolerance=6.0)
+    assert (paged.found, paged.paged, paged.unpaged) == (1, 1, [])
+    tickets = [msgspec.structs.replace(a, severity="ticket") for a in alerts]
+    quiet = score(labels, tickets, tolerance=6.0)
+    assert (quiet.found, quiet.paged) == (1, 0)
+    assert quiet.unpaged
+    assert quiet.unpaged[0].startswith("inc-1")
+    assert summarize([paged, quiet])["page_recall"] == 0.5
