@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import median
@@ -43,6 +44,7 @@ from monitor.indicators import (
     MIN_REL_CHANGE,
     QUEUEING,
     SHEDDING,
+    TIME_SHARES,
     judged,
     judged_sign,
 )
@@ -529,22 +531,7 @@ class AlertLifecycle:
             # named, the record stays capacity), and an admission rule cannot be told
             # from it until the pool has run at that load before.
             bottleneck = bottleneck_class(stage, classed, explained=True)
-        share = len(devices) / n_pool if n_pool else 1.0
-        if (
-            bottleneck == "synchronisation"
-            and any(layer in COMM_LAYERS for _, _, layer in support)
-            and "device_mfu" in moved
-            and not _serving(inc)
-        ):
-            # A collective is as slow as its slowest member: every rank of the job waits
-            # at the barrier for the host that is late, so the whole pool loses the time.
-            # That loss is work not done, so the devices' MFU falls with it. Waits that
-            # rose while their devices' work did not (a host's members waiting a little
-            # longer for one of their own) have cost the job nothing measurable yet:
-            # they are sized by their devices, as any other metric is. So are a serving
-            # pool's: its replicas serve requests each on its own, so a slow one loses
-            # its own devices' work, not the pool's.
-            share = 1.0
+        share = _share(inc, n_pool, level, bottleneck, support, moved)
         heat_text = ""
         if metric in HEAT:
             served = self._served(inc)
@@ -555,6 +542,11 @@ class AlertLifecycle:
             sev = severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev, heat_text = "page", ""  # the clock stepped down: work is lost, whatever heated it
+        if sev != "page" and bottleneck == "synchronisation" and level == "host":
+            # A host's link fault pages once its scope settled (`_link_fault`).
+            settled = now_ts - inc.onset_ts >= inc.group_window_s
+            if settled and _steady(load) and _link_fault(support, self.s.min_devices):
+                sev = "page"
         sev = _unblamed_failures(sev, metric, suggestion)
         sev, novel_text = self._load_explains(
             inc, sev, (metric, before, after), moved, load, suggestion
@@ -990,6 +982,74 @@ def _hardware_fault(moved: set[str]) -> bool:
     return "clock_mhz" in moved and bool(moved & {"temp_c", "power_w"})
 
 
+def _share(
+    inc: Incident,
+    n_pool: int,
+    level: ScopeLevel,
+    bottleneck: str,
+    support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
+    moved: set[str],
+) -> float:
+    """The share of its pool an incident weighs for severity."""
+    share = len(inc.devices) / n_pool if n_pool else 1.0
+    if level == "pool" and n_pool:
+        # The devices found so far are a lower bound: streams too young or noisy to
+        # show the shift one by one still move their pool's mean, which tells the
+        # share of the pool that moved (`Incident.aggregate_share`, as the scope).
+        share = max(share, inc.aggregate_share(n_pool))
+    if (
+        bottleneck == "synchronisation"
+        and any(layer in COMM_LAYERS for _, _, layer in support)
+        and "device_mfu" in moved
+        and not _serving(inc)
+    ):
+        # A collective is as slow as its slowest member: every rank of the job waits
+        # at the barrier for the host that is late, so the whole pool loses the time.
+        # That loss is work not done, so the devices' MFU falls with it. Waits that
+        # rose while their devices' work did not (a host's members waiting a little
+        # longer for one of their own) have cost the job nothing measurable yet:
+        # they are sized by their devices, as any other metric is. So are a serving
+        # pool's: its replicas serve requests each on its own, so a slow one loses
+        # its own devices' work, not the pool's.
+        share = 1.0
+    return share
+
+
+def _steady(load: float) -> bool:
+    """Offered load moved less than the materiality floor either way: the devices' work
+    did not fall or rise with the requests sent to them."""
+    return abs(math.log(load)) < math.log1p(DEFAULT_MIN_REL_CHANGE) if load > 0 else False
+
+
+def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int) -> bool:
+    """`need` devices of one host wait longer at their collective and do less work, and
+    nothing they run computes slower: the host's link degraded. Two independent counters
+    agree on each (the collective's wait timer and the FLOPs done), on enough of the host
+    to confirm an incident (`alerts.min_devices`; one device doing so is as likely a peer
+    waiting for a slower member whose own slowdown is not in the incident), and no
+    throttle or slower compute explains the waits (the clock stepping down, a compute
+    layer's MFU falling), so it is a hardware fault like a throttle: it pages at the scope
+    it has, whatever its share of the pool, with "drain the host" as the bounded step.
+    Only for an incident still of host scope once its grouping window has passed (waits
+    that rose over many hosts at once, found a few minutes apart, are the traffic's or
+    the job's, not one host's link) and at a steady offered load
+    (`_steady`): a serving device's work follows its requests, and its collective's
+    waits a burst."""
+
+    def devices(metric: str, comm: bool | None) -> set[tuple[str | None, str]]:
+        return {
+            (p.host, p.device) for (_, m, layer), pts in support.items()
+            if m == metric and (comm is None or (layer in COMM_LAYERS) == comm)
+            for p in pts if p.is_regression and not p.is_aggregate
+        }  # fmt: skip
+
+    if devices("mfu", False) or devices("clock_mhz", None):
+        return False
+    both = devices("sync_frac", True) & devices("device_mfu", None)
+    hosts = Counter(host for host, _ in both)
+    return bool(hosts) and max(hosts.values()) >= need
+
+
 def _medians(pts: list[ChangePoint]) -> tuple[float, float]:
     """Levels before and after: the medians over the points."""
     return float(median(p.before for p in pts)), float(median(p.after for p in pts))
@@ -1052,14 +1112,17 @@ def severity(
 
     Lost is the relative drop for down-is-bad metrics (MFU) and 1 - before/after for
     up-is-bad ones (latency x2 loses half of the service rate; quality on its error
-    rate: ten times the errors loses 90 %), in [0, 1], so a queue
+    rate: ten times the errors loses 90 %) and 1 - (1 - after)/(1 - before) for a share
+    of time spent waiting (`TIME_SHARES`), in [0, 1], so a queue
     growing 500x on one device cannot outrank a pool-wide 15% MFU drop. Overload is
     capacity for offered load, not a regression: an info record for the owners.
     """
     sign = judged_sign(metric)
     lost = abs(delta_pct) / 100.0
     before, after = judged(metric, before), judged(metric, after)
-    if sign > 0 and after > 0:
+    if sign > 0 and metric in TIME_SHARES and before < 1.0:
+        lost = max(0.0, 1.0 - (1.0 - after) / (1.0 - before))
+    elif sign > 0 and after > 0:
         lost = max(0.0, 1.0 - before / after)
     loss = lost * share
     sev: Severity = "page" if loss >= page_loss else "ticket" if loss >= page_loss / 5 else "info"

@@ -207,7 +207,8 @@ def _training(
     cooled: int | None = None, straggling: bool = False, waits_only: tuple[str, ...] = (),
 ) -> list[list[RawMessage]]:  # fmt: skip
     """32 devices on four hosts of one training pool with an all-reduce layer. From `at`:
-    the all-reduces of `hosts_bad` wait 2.5x as long (device MFU -5 %); the devices in
+    the all-reduces of `hosts_bad` wait 2.5x as long (fewer steps: device MFU -5 %, per-layer
+    MFU unchanged); the devices in
     `thermal` throttle (clock -15 %, temperature +19 %, MFU -12 %); `scattered_sync`
     devices' waits rise alone. From `unthrottled` the clock and MFU of `thermal` are
     back (a throttle cycling up); from `cooled` their temperature is back too.
@@ -236,10 +237,11 @@ def _training(
             )
             if waiting:
                 wait = 0.02 if hot else 0.3
-            mfu = 0.45 * (0.95 if slow else 0.88 if hot else 1.0)
+            mfu = 0.45 * (0.88 if hot else 1.0)
             rec = window(name, ts, pool="train-a", mfu=mfu * (1 + 0.02 * rng.standard_normal()),
                          stall=0.3 * (1 + 0.02 * rng.standard_normal()))  # fmt: skip
-            if waiting:
+            if waiting or slow:
+                # fewer steps in the window: each layer's work and time fall alike
                 for layer in rec["layers"]:
                     layer["flops"] *= 0.95
                     layer["busy_s"] *= 0.95

@@ -11,7 +11,7 @@ from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import ChangePoint, Correlator
 from monitor.core.coverage import BIT
-from monitor.core.lifecycle import AlertLifecycle, heat_severity
+from monitor.core.lifecycle import AlertLifecycle, heat_severity, severity
 from monitor.indicators import STAGE_OF
 from monitor.wire import Alert
 
@@ -280,9 +280,11 @@ def test_a_queue_that_drained_is_load_context_not_evidence() -> None:
     assert inc.load_ratio() == 1.0
 
 
-def _slow_host(fields: int) -> Alert:
-    """All-reduce waits 0.43 -> 0.65 and device MFU -9 % on the 8 devices of host h-0 in a
-    64-device pool, each device's newest record carrying `fields` (`coverage.BIT`)."""
+def _slow_host(fields: int, moved: tuple[tuple[str, str | None, float, float], ...] = (
+    ("sync_frac", "allreduce", 0.43, 0.65), ("device_mfu", None, 0.32, 0.29),
+), at: float = T0 + 4 * W) -> Alert:  # fmt: skip
+    """By default all-reduce waits 0.43 -> 0.65 and device MFU -9 % on the 8 devices of host
+    h-0 in a 64-device pool, each device's newest record carrying `fields` (`coverage.BIT`)."""
     pts = [
         ChangePoint(
             device=f"h-0/gpu{g}", host="h-0", pool="p", model="m@v1", layer=layer,
@@ -290,9 +292,7 @@ def _slow_host(fields: int) -> Alert:
             before=before, after=after, score=1.2, window_s=W, fields=fields,
         )
         for g in range(8)
-        for metric, layer, before, after in (
-            ("sync_frac", "allreduce", 0.43, 0.65), ("device_mfu", None, 0.32, 0.29),
-        )
+        for metric, layer, before, after in moved
     ]  # fmt: skip
     counts = {("p", "m@v1"): 64}
     corr = Correlator()
@@ -300,24 +300,46 @@ def _slow_host(fields: int) -> Alert:
     (inc,) = corr.incidents
     life = AlertLifecycle(AlertSettings(), Advisor())
     life.host_sizes = {"h-0": 8}
-    return life.render(inc, T0 + 4 * W, 64, "firing")
+    return life.render(inc, at, 64, "firing")
 
 
-def test_a_slow_host_costs_a_job_the_whole_pool_and_a_serving_pool_its_own_devices() -> None:
-    """A training job's ranks all wait at the barrier for the slow host, so its waits
-    weigh as the whole pool (a page); a serving pool's replicas serve each on their own,
-    so the same host there loses only its own devices' work (an eighth of the pool: a
-    ticket, not a page)."""
-    training = _slow_host(BIT["power_w"])
-    assert (training.metric, training.scope.level, training.severity) == (
-        "sync_frac", "host", "page"
-    )  # fmt: skip
-    serving = _slow_host(BIT["power_w"] | BIT["req_rate"])
-    assert (serving.metric, serving.scope.level, serving.severity) == (
-        "sync_frac",
-        "host",
-        "ticket",
-    )
+def test_a_slow_link_pages_on_a_job_and_on_serving_replicas_alike() -> None:
+    """Waits up and work down on one host's devices at a steady load: the collective's wait
+    timer and the FLOPs done agree, a hardware fault (its link), which pages at host scope
+    whatever its share of the pool, on a training job as on serving replicas. (Before,
+    serving replicas were sized by their eighth of the pool: a ticket; in the simulator
+    every training record carries its loader's rate too, so a slow training host was
+    sized that way as well and paged in 4 of 8 `nic_slowdown` seeds.) The scope is one
+    host's only once the grouping window has passed: before, waits found on other hosts
+    a few minutes later could still make it the traffic's (the long healthy fleet's seed
+    5: a `serve-moe` host first, then seven more)."""
+    settled = T0 + 31 * W
+    for fields in (BIT["power_w"], BIT["power_w"] | BIT["req_rate"]):
+        alert = _slow_host(fields, at=settled)
+        assert (alert.metric, alert.scope.level, alert.severity) == ("sync_frac", "host", "page")
+        assert alert.bottleneck == "synchronisation"
+        assert alert.suggestion.action != "rollback"
+    assert _slow_host(BIT["power_w"] | BIT["req_rate"]).severity != "page"
+
+
+def test_waits_alone_or_with_a_slower_member_are_no_link_fault() -> None:
+    """Waits alone on serving replicas cost their own devices' work: no page. Waits and
+    work down with a compute layer slower on the same devices are a slower member, not
+    the link: sized by their devices, no page either."""
+    waits = (("sync_frac", "allreduce", 0.43, 0.65),)
+    serving = BIT["power_w"] | BIT["req_rate"]
+    assert _slow_host(serving, waits, at=T0 + 31 * W).severity != "page"
+    slower = (*waits, ("device_mfu", None, 0.32, 0.29), ("mfu", "mlp", 0.5, 0.44))
+    assert _slow_host(serving, slower, at=T0 + 31 * W).severity != "page"
+
+
+def test_a_wait_share_costs_through_the_time_per_collective() -> None:
+    """A wait share 0.141 -> 0.208 makes each collective 8 % slower ((1 - 0.141) / (1 -
+    0.208)), not 32 % (1 - 0.141 / 0.208): on 5 devices of 16 that is a ticket, not the
+    page it was (`fleet_day` seed 140: a host's members waiting for one of their own)."""
+    assert severity("sync_frac", 0.141, 0.208, 47.5, 5 / 16, "synchronisation", 0.1) == "ticket"
+    assert severity("sync_frac", 0.141, 0.5, 255.0, 5 / 16, "synchronisation", 0.1) == "page"
+    assert severity("lat_p99_ms", 0.141, 0.208, 47.5, 5 / 16, "ingress", 0.1) == "page"
 
 
 def test_heat_severity_allows_what_the_work_served_brings() -> None:
