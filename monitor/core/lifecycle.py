@@ -1032,9 +1032,8 @@ def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
     it has, whatever its share of the pool, with "drain the host" as the bounded step.
     Only for an incident still of host scope once its grouping window has passed (waits
     that rose over many hosts at once, found a few minutes apart, are the traffic's or
-    the job's, not one host's link) and at a steady offered load
-    (`_steady`): a serving device's work follows its requests, and its collective's
-    waits a burst."""
+    the job's, not one host's link) and at a steady offered load (`_steady`): a serving
+    device's work follows its requests, and its collective's waits a burst."""
 
     def devices(metric: str, comm: bool | None) -> set[tuple[str | None, str]]:
         return {
