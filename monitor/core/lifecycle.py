@@ -1016,9 +1016,9 @@ def _share(
 
 
 def _steady(load: float) -> bool:
-    """Offered load moved less than the materiality floor either way: the devices' work
-    did not fall or rise with the requests sent to them."""
-    return abs(math.log(load)) < math.log1p(DEFAULT_MIN_REL_CHANGE) if load > 0 else False
+    """The served rate moved less than its reporting floor (`SERVED_RISE`) either way: the
+    devices' work did not fall or rise with the requests sent to them."""
+    return abs(math.log(load)) < math.log1p(SERVED_RISE) if load > 0 else False
 
 
 def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int) -> bool:
