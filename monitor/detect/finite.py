@@ -21,6 +21,13 @@ length ``n`` (the daemon's engine, built for endless streams, is not involved):
   series), and an AR(1) coefficient from the ratio of lag-2 to lag-1 differences
   (``Var(x_t − x_{t−2}) / Var(x_t − x_{t−1}) = 1 + φ``), so that the test uses the
   long-run variance ``σ²(1+φ)/(1−φ)`` of a mean of autocorrelated samples.
+- **Model check.** The test's model, noise stationary about a line, makes the
+  first differences stationary too. A segment whose differences themselves wander
+  (their lag-2 spread at least twice their lag-1 spread: ``1 + φ ≥ 2`` for the
+  slope, a unit root) is a twice-integrated curve: against a line its curvature
+  reads as one step after another, so such a segment is not tested. A level shift
+  does not trip the check: it is one spike among the differences, which pulls the
+  ratio towards 1, not 2.
 - **Test.** The segment's level may drift linearly; the statistic is the
   standardised step at the best split against a common line (a trend alone does
   not alarm). Deviations from that line are clipped at the daemon's ``clip``
@@ -64,12 +71,26 @@ def threshold(n: int) -> float:
     return NormalDist().inv_cdf(1.0 - FALSE_ALARMS_PER_SERIES / (2.0 * tests))
 
 
-def noise(y: F64) -> tuple[float, float]:
-    """Marginal variance and long-run variance factor of a segment's noise (0, 1 if flat)."""
+def _spreads(y: F64) -> tuple[float, float]:
+    """Robust sds of `y`'s lag-1 and lag-2 differences (about their medians)."""
     d1 = np.diff(y)
     d2 = y[2:] - y[:-2]
     s1 = float(np.mean(np.abs(d1 - np.median(d1)))) * _MEAN_ABS_TO_SD
     s2 = float(np.mean(np.abs(d2 - np.median(d2)))) * _MEAN_ABS_TO_SD
+    return s1, s2
+
+
+def integrated_twice(y: F64) -> bool:
+    """Whether `y`'s first differences have a unit root (lag-2 variance ≥ 2× lag-1)."""
+    if y.size < 5:
+        return False
+    s1, s2 = _spreads(np.diff(y))
+    return s1 > 0.0 and s2 * s2 >= 2.0 * s1 * s1
+
+
+def noise(y: F64) -> tuple[float, float]:
+    """Marginal variance and long-run variance factor of a segment's noise (0, 1 if flat)."""
+    s1, s2 = _spreads(y)
     if not s1 > 0.0:
         return 0.0, 1.0
     phi = min(max((s2 / s1) ** 2 - 1.0, 0.0), PHI_MAX)
@@ -89,9 +110,10 @@ class Split:
 
 def best_split(y: F64, first: int, min_after: int = MIN_AFTER) -> Split | None:
     """The split of `y` (at `first` or later, `min_after` samples after it) with the
-    largest standardised step against a common line; None if the noise is flat."""
+    largest standardised step against a common line; None if the noise is flat or
+    the segment is a twice-integrated curve (the test's model does not hold)."""
     var, lrv = noise(y)
-    if var <= 0.0:
+    if var <= 0.0 or integrated_twice(y):
         return None
     size = y.size
     t = np.arange(size, dtype=np.float64)

@@ -143,6 +143,37 @@ def test_finite_is_quiet_on_autocorrelated_heavy_tailed_noise() -> None:
     assert alarmed <= 6
 
 
+def growth_curve(seed: int, n: int = 300, order: int = 2) -> list[float | None]:
+    """A cumulative count whose rate wanders: AR(0.5) noise summed `order` times."""
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal(n)
+    x = np.empty(n)
+    x[0] = e[0]
+    for i in range(1, n):
+        x[i] = 0.5 * x[i - 1] + e[i]
+    for _ in range(order):
+        x = np.cumsum(x)
+    return [float(v) for v in 1000.0 + x]
+
+
+@pytest.mark.parametrize("order", [2, 3])
+def test_finite_is_quiet_on_smooth_growth_curves(order: int) -> None:
+    """A twice- or thrice-integrated curve (a cumulative counter, a population) bends
+    without stepping: no change points (a line-plus-step test alarmed on all 20)."""
+    assert [detect_series(growth_curve(seed, order=order), finite=True) for seed in range(20)] == [
+        []
+    ] * 20
+
+
+def test_only_a_wandering_slope_counts_as_integrated_twice() -> None:
+    """Steps, AR noise and random walks keep their test; a smooth curve does not."""
+    assert not finite.integrated_twice(np.asarray(short_step(0)))
+    assert not finite.integrated_twice(np.asarray(ar1_heavy_tailed(0, phi=0.9)))
+    walk = np.cumsum(np.random.default_rng(0).standard_normal(300))
+    assert not finite.integrated_twice(walk)
+    assert finite.integrated_twice(np.asarray(growth_curve(0)))
+
+
 def test_finite_sizes_burn_in_and_threshold_to_the_length() -> None:
     """Burn-in: a tenth of the series, at least 8; threshold: one false alarm per series."""
     assert [finite.burn_in(n) for n in (15, 80, 81, 500)] == [8, 8, 9, 50]
