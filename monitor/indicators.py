@@ -72,6 +72,10 @@ LOAD_METRICS = frozenset({"req_rate"})
 # What a backlog in front of the devices moves: queue and the latency it adds. An incident
 # that moved only these, while offered load rose, is overload, not a regression.
 QUEUEING = frozenset({"queue_wait_ms", "queue_depth", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms"})
+# What only a queue moves: its length and the time a request waits in it. Latency is that
+# wait plus the time in service; where the devices report their queue and it held, a
+# latency rise is service time (the devices got slower), not a backlog.
+WAITING = frozenset({"queue_wait_ms", "queue_depth"})
 # What a full queue adds: requests turned away at the admission limit fail. Failures
 # follow a backlog only with it (a queue moved too); failures alone are a regression.
 SHEDDING = frozenset({"error_rate"})

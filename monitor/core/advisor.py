@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 
 from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
 from monitor.core.exposure import PoolExposure
-from monitor.indicators import BACKLOG, LOAD_FOLLOWING, LOAD_METRICS, QUEUEING, SHEDDING
+from monitor.indicators import (
+    BACKLOG,
+    LOAD_FOLLOWING,
+    LOAD_METRICS,
+    QUEUEING,
+    SHEDDING,
+    WAITING,
+)
 from monitor.wire import ChangeEvent, ChangeScope, Stage, Suggestion
 
 # Which first-failing stages a kind of change can explain. A compiler picks kernels and
@@ -47,7 +54,9 @@ _MOVED_CLASS: tuple[tuple[frozenset[str], str], ...] = (
 )
 
 
-def bottleneck_class(stage: Stage, indicators: set[str], *, explained: bool = False) -> str:
+def bottleneck_class(
+    stage: Stage, indicators: set[str], *, explained: bool = False, queue_held: bool = False
+) -> str:
     """Bottleneck class from the first failing stage and what moved (decision matrix).
 
     Queueing moved, with nothing else but what follows load (heat, utilisation) and
@@ -55,9 +64,12 @@ def bottleneck_class(stage: Stage, indicators: set[str], *, explained: bool = Fa
     unless a change explains it (`explained`). Failures are a backlog's with a queue, or
     with what follows load or the offered load's rise (`req_rate`: a queue at its
     admission limit from the start of a stream never steps); failures alone are a
-    regression.
+    regression. `queue_held`: the devices report their queue and it did not move, so a
+    latency rise is time in service, not in a queue (`indicators.WAITING`).
     """
     load = LOAD_FOLLOWING | LOAD_METRICS
+    if queue_held:
+        indicators = indicators - (QUEUEING - WAITING)
     backlog = bool(indicators & QUEUEING) or bool(indicators & SHEDDING and indicators & load)
     if not explained and backlog and indicators <= BACKLOG | load:
         # Per-layer efficiency held (no MFU, stall or mechanism moved): the devices serve

@@ -45,6 +45,7 @@ from monitor.indicators import (
     QUEUEING,
     SHEDDING,
     TIME_SHARES,
+    WAITING,
     judged,
     judged_sign,
 )
@@ -508,7 +509,12 @@ class AlertLifecycle:
         follows = metric in BACKLOG | LOAD_FOLLOWING or metric == "sync_frac"
         load = inc.load_ratio() if follows else 1.0
         classed, queue_only = self._classed_under(inc, support, moved, load)
-        bottleneck = bottleneck_class(stage, classed)
+        # Once the incident's scope settled (its queue had the grouping window to show),
+        # latency that rose at a steady offered load while the devices' reported queue
+        # held is service time. Under a burst, a bigger batch takes longer to serve.
+        settled = now_ts - inc.onset_ts >= inc.group_window_s
+        queue_held = settled and _steady(load) and not moved & WAITING and _reports_queue(inc)
+        bottleneck = bottleneck_class(stage, classed, queue_held=queue_held)
         level = level or inc.scope_level(n_pool, self.s.pool_fraction, self.host_sizes)
         devices = sorted(inc.devices)
         what = f"{inc.layers[0] + ' ' if inc.layers else ''}{_METRIC_WORDS.get(metric, metric)}"
@@ -530,7 +536,7 @@ class AlertLifecycle:
             # then the load explains the queue (a routing change that sent the load is
             # named, the record stays capacity), and an admission rule cannot be told
             # from it until the pool has run at that load before.
-            bottleneck = bottleneck_class(stage, classed, explained=True)
+            bottleneck = bottleneck_class(stage, classed, explained=True, queue_held=queue_held)
         share = _share(inc, n_pool, level, bottleneck, support, moved)
         heat_text = ""
         if metric in HEAT:
@@ -542,11 +548,10 @@ class AlertLifecycle:
             sev = severity(metric, before, after, delta_pct, share, bottleneck, self.s.page_loss)
         if sev != "page" and bottleneck == "thermal_power" and _hardware_fault(moved):
             sev, heat_text = "page", ""  # the clock stepped down: work is lost, whatever heated it
-        if sev != "page" and bottleneck == "synchronisation" and level == "host":
-            # A host's link fault pages once its scope settled (`_link_fault`).
-            settled = now_ts - inc.onset_ts >= inc.group_window_s
-            if settled and _steady(load) and _link_fault(support, self.s.min_devices):
-                sev = "page"
+        # A host's link fault pages once its scope settled (`_link_fault`).
+        link = bottleneck == "synchronisation" and level == "host" and settled
+        if sev != "page" and link and _steady(load) and _link_fault(support, self.s.min_devices):
+            sev = "page"
         sev = _unblamed_failures(sev, metric, suggestion)
         sev, novel_text = self._load_explains(
             inc, sev, (metric, before, after), moved, load, suggestion
@@ -733,6 +738,11 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     }
 
 
+def _reports_queue(inc: Incident) -> bool:
+    """Whether the incident's devices report the time requests wait in their queue."""
+    return any(p.fields >= 0 and p.fields & _QUEUE_WAIT_FIELD for p in inc.points)
+
+
 def _serving(inc: Incident) -> bool:
     """Whether the incident's devices serve requests (their records carry a request rate):
     replicas that each serve on their own, not the ranks of one synchronous job."""
@@ -795,6 +805,7 @@ def _mechanisms(
 
 
 _REQ_RATE_FIELD = BIT["req_rate"]
+_QUEUE_WAIT_FIELD = BIT["queue_wait_ms"]
 # What a pool serving slower moves: its queue and latency, the requests a full queue sheds,
 # and the work its devices serve.
 SERVED_SLOWER = BACKLOG | LOAD_FOLLOWING

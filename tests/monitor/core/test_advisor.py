@@ -97,6 +97,19 @@ def test_bottleneck_decision_matrix(stage, moved, load, expected) -> None:
     assert expected in NEXT_STEP
 
 
+def test_latency_with_its_queue_held_is_service_time_not_overload() -> None:
+    """Latency is queue wait plus service: where the queue is reported and held, a latency
+    rise with less work done is the devices' slowdown, not a backlog and not contention."""
+    slower = {"device_mfu", "lat_p50_ms", "lat_p99_ms"}
+    assert bottleneck_class("execution", slower) == "overload"
+    assert bottleneck_class("execution", slower, queue_held=True) == "unclassified"
+    assert bottleneck_class("execution", slower | {"sync_frac"}, queue_held=True) == (
+        "synchronisation"
+    )
+    queued = slower | {"queue_wait_ms"}  # the queue moved: backlog whatever the flag says
+    assert bottleneck_class("execution", queued, queue_held=True) == "overload"
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 40), st.integers(-5000, 5000)), max_size=60),

@@ -322,6 +322,50 @@ def test_a_slow_link_pages_on_a_job_and_on_serving_replicas_alike() -> None:
     assert _slow_host(BIT["power_w"] | BIT["req_rate"]).severity != "page"
 
 
+def _slower_steps(fields: int, at: float, extra: tuple[str, ...] = (), rate: float = 1.0) -> Alert:
+    """Host h-0's 8 devices, half of a 16-device training pool: device MFU -27 % and step
+    time (latency) +38 %, plus `extra` metrics moved, and the request rate x`rate`."""
+    moved = [("device_mfu", 0.55, 0.40), ("lat_p50_ms", 1740.0, 2400.0),
+             ("lat_p99_ms", 1740.0, 2400.0)] + [(m, 0.15, 0.9) for m in extra]  # fmt: skip
+    if rate != 1.0:
+        moved.append(("req_rate", 10.0, 10.0 * rate))
+    pts = [
+        ChangePoint(
+            device=f"h-0/gpu{g}", host="h-0", pool="p", model="m@v1", layer=None,
+            metric=metric, stage=STAGE_OF[metric], onset_ts=T0, detected_ts=T0 + 2 * W,
+            before=before, after=after, score=1.2, window_s=W, fields=fields,
+        )
+        for g in range(8)
+        for metric, before, after in moved
+    ]  # fmt: skip
+    corr = Correlator()
+    corr.add(pts, T0 + 3 * W, {("p", "m@v1"): 16})
+    (inc,) = corr.incidents
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    life.host_sizes = {"h-0": 8, "h-1": 8}
+    return life.render(inc, at, 16, "firing")
+
+
+def test_slower_steps_with_the_queue_held_are_a_fault_not_capacity() -> None:
+    """A training host whose steps slow (a slow link whose waits were not yet found): step
+    time up, work down, the loader's rate and its reported queue steady. Once the grouping
+    window has passed without the queue moving, latency is time in service: not capacity
+    (`info`) but a regression that pages. Before it, or where no queue is reported, or
+    where the queue moved, or under a burst, it stays capacity."""
+    queue = BIT["power_w"] | BIT["req_rate"] | BIT["queue_wait_ms"] | BIT["queue_depth"]
+    settled = T0 + 31 * W
+    alert = _slower_steps(queue, settled)
+    assert (alert.bottleneck, alert.first_failing_stage, alert.severity) == (
+        "unclassified", "execution", "page",
+    )  # fmt: skip
+    assert alert.suggestion.action != "rollback"
+    assert _slower_steps(queue, T0 + 4 * W).bottleneck == "overload"
+    assert _slower_steps(queue & ~BIT["queue_wait_ms"], settled).bottleneck == "overload"
+    assert _slower_steps(queue, settled, ("queue_wait_ms",)).bottleneck == "overload"
+    # Under a burst a bigger batch takes longer to serve: latency is not all queueing then.
+    assert _slower_steps(queue, settled, rate=2.0).bottleneck == "overload"
+
+
 def test_waits_alone_or_with_a_slower_member_are_no_link_fault() -> None:
     """Waits alone on serving replicas cost their own devices' work: no page. Waits and
     work down with a compute layer slower on the same devices are a slower member, not
