@@ -1033,11 +1033,13 @@ def _steady(load: float) -> bool:
 
 
 def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int) -> bool:
-    """`need` devices of one host wait longer at their collective and do less work, and
-    nothing they run computes slower: the host's link degraded. Two independent counters
-    agree on each (the collective's wait timer and the FLOPs done), on enough of the host
-    to confirm an incident (`alerts.min_devices`; one device doing so is as likely a peer
-    waiting for a slower member whose own slowdown is not in the incident), and no
+    """`need` devices of one host wait longer at their collective, at least one of them
+    does less work, and nothing they run computes slower: the host's link degraded. The
+    waits are on enough of the host to confirm an incident (`alerts.min_devices`; one
+    device waiting is as likely a peer waiting for a slower member whose own slowdown is
+    not in the incident), and two independent counters agree on a device of them (the
+    collective's wait timer and the FLOPs done: a link a few per cent slower lowers each
+    device's MFU by about that much, which not every detector finds at once), and no
     throttle or slower compute explains the waits (the clock stepping down, a compute
     layer's MFU falling), so it is a hardware fault like a throttle: it pages at the scope
     it has, whatever its share of the pool, with "drain the host" as the bounded step.
@@ -1055,9 +1057,10 @@ def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
 
     if devices("mfu", False) or devices("clock_mhz", None):
         return False
-    both = devices("sync_frac", True) & devices("device_mfu", None)
-    hosts = Counter(host for host, _ in both)
-    return bool(hosts) and max(hosts.values()) >= need
+    waits = devices("sync_frac", True)
+    both = waits & devices("device_mfu", None)
+    hosts = Counter(host for host, _ in waits)
+    return any(hosts[host] >= need for host, _ in both)
 
 
 def _medians(pts: list[ChangePoint]) -> tuple[float, float]:
