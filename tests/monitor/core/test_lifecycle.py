@@ -282,10 +282,10 @@ def test_a_queue_that_drained_is_load_context_not_evidence() -> None:
 
 def _slow_host(fields: int, moved: tuple[tuple[str, str | None, float, float], ...] = (
     ("sync_frac", "allreduce", 0.43, 0.65), ("device_mfu", None, 0.32, 0.29),
-), at: float = T0 + 4 * W, slower: int = 8) -> Alert:  # fmt: skip
+), at: float = T0 + 4 * W, slower: int = 8, pool: int = 64) -> Alert:  # fmt: skip
     """By default all-reduce waits 0.43 -> 0.65 and device MFU -9 % on the 8 devices of host
-    h-0 in a 64-device pool, each device's newest record carrying `fields` (`coverage.BIT`);
-    device MFU only on the first `slower` of them."""
+    h-0 in a `pool`-device pool, each device's newest record carrying `fields`
+    (`coverage.BIT`); device MFU only on the first `slower` of them."""
     pts = [
         ChangePoint(
             device=f"h-0/gpu{g}", host="h-0", pool="p", model="m@v1", layer=layer,
@@ -296,13 +296,12 @@ def _slow_host(fields: int, moved: tuple[tuple[str, str | None, float, float], .
         for metric, layer, before, after in moved
         if metric != "device_mfu" or g < slower
     ]  # fmt: skip
-    counts = {("p", "m@v1"): 64}
     corr = Correlator()
-    corr.add(pts, T0 + 3 * W, counts)
+    corr.add(pts, T0 + 3 * W, {("p", "m@v1"): pool})
     (inc,) = corr.incidents
     life = AlertLifecycle(AlertSettings(), Advisor())
     life.host_sizes = {"h-0": 8}
-    return life.render(inc, at, 64, "firing")
+    return life.render(inc, at, pool, "firing")
 
 
 def test_a_slow_link_pages_on_a_job_and_on_serving_replicas_alike() -> None:
@@ -331,25 +330,15 @@ def test_a_slow_link_pages_on_a_job_and_on_serving_replicas_alike() -> None:
 def _slower_steps(fields: int, at: float, extra: tuple[str, ...] = (), rate: float = 1.0) -> Alert:
     """Host h-0's 8 devices, half of a 16-device training pool: device MFU -27 % and step
     time (latency) +38 %, plus `extra` metrics moved, and the request rate x`rate`."""
-    moved = [("device_mfu", 0.55, 0.40), ("lat_p50_ms", 1740.0, 2400.0),
-             ("lat_p99_ms", 1740.0, 2400.0)] + [(m, 0.15, 0.9) for m in extra]  # fmt: skip
+    moved: list[tuple[str, str | None, float, float]] = [
+        ("device_mfu", None, 0.55, 0.40),
+        ("lat_p50_ms", None, 1740.0, 2400.0),
+        ("lat_p99_ms", None, 1740.0, 2400.0),
+        *((m, None, 0.15, 0.9) for m in extra),
+    ]
     if rate != 1.0:
-        moved.append(("req_rate", 10.0, 10.0 * rate))
-    pts = [
-        ChangePoint(
-            device=f"h-0/gpu{g}", host="h-0", pool="p", model="m@v1", layer=None,
-            metric=metric, stage=STAGE_OF[metric], onset_ts=T0, detected_ts=T0 + 2 * W,
-            before=before, after=after, score=1.2, window_s=W, fields=fields,
-        )
-        for g in range(8)
-        for metric, before, after in moved
-    ]  # fmt: skip
-    corr = Correlator()
-    corr.add(pts, T0 + 3 * W, {("p", "m@v1"): 16})
-    (inc,) = corr.incidents
-    life = AlertLifecycle(AlertSettings(), Advisor())
-    life.host_sizes = {"h-0": 8, "h-1": 8}
-    return life.render(inc, at, 16, "firing")
+        moved.append(("req_rate", None, 10.0, 10.0 * rate))
+    return _slow_host(fields, tuple(moved), at, pool=16)
 
 
 def test_slower_steps_with_the_queue_held_are_a_fault_not_capacity() -> None:
