@@ -23,9 +23,10 @@ length ``n`` (the daemon's engine, built for endless streams, is not involved):
   long-run variance ``σ²(1+φ)/(1−φ)`` of a mean of autocorrelated samples.
 - **Model check.** The test's model, noise stationary about a line, makes the
   first differences stationary too. A segment whose differences themselves wander
-  (their lag-2 spread at least twice their lag-1 spread: ``1 + φ ≥ 2`` for the
-  slope, a unit root) is a twice-integrated curve: against a line its curvature
-  reads as one step after another, so such a segment is not tested. A level shift
+  (the variance of their lag-2 differences at least twice that of their lag-1
+  ones: ``1 + φ ≥ 2`` for the slope, a unit root) is a twice-integrated curve:
+  against a line its curvature reads as one step after another, so such a segment
+  is not tested. A level shift
   does not trip the check: it is one spike among the differences, which pulls the
   ratio towards 1, not 2.
 - **Test.** The segment's level may drift linearly; the statistic is the
