@@ -26,9 +26,8 @@ length ``n`` (the daemon's engine, built for endless streams, is not involved):
   (the variance of their lag-2 differences at least twice that of their lag-1
   ones: ``1 + φ ≥ 2`` for the slope, a unit root) is a twice-integrated curve:
   against a line its curvature reads as one step after another, so such a segment
-  is not tested. A level shift
-  does not trip the check: it is one spike among the differences, which pulls the
-  ratio towards 1, not 2.
+  is not tested. A level shift does not trip the check: it is one spike among the
+  differences, which pulls the ratio towards 1, not 2.
 - **Test.** The segment's level may drift linearly; the statistic is the
   standardised step at the best split against a common line (a trend alone does
   not alarm). Deviations from that line are clipped at the daemon's ``clip``
