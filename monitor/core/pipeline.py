@@ -466,14 +466,18 @@ class Pipeline:
             if inc is None:
                 continue
             by_part: dict[int, set[int]] = {}
-            for p in (q for member in (inc, *inc.children) for q in member.primary_points()):
-                st = self.partitions.get(p.partition)
-                if st is not None:
+            members = (inc, *inc.children)
+            keys = {(p.pool, p.model, p.layer) for m in members for p in m.primary_points()}
+            # Every partition's copy of the group holds, not only those whose devices were
+            # found so far: the pool's devices not yet found would otherwise learn the
+            # regressed level as normal and never show it.
+            for part, st in self.partitions.items():
+                for pool, model, layer in keys:
                     # A device-level metric: both device-level families of its pool
                     # (per-layer and `all`-only devices) hold, whichever its device is in.
-                    for layer in (p.layer,) if p.layer else DEVICE_GROUPS:
-                        found = st.table.gids_of(p.pool, p.model, layer)
-                        by_part.setdefault(p.partition, set()).update(found)
+                    for lay in (layer,) if layer else DEVICE_GROUPS:
+                        found = st.table.gids_of(pool, model, lay)
+                        by_part.setdefault(part, set()).update(found)
             for part, gids in by_part.items():
                 arr = np.array(sorted(gids), dtype=np.int64)
                 for adjuster in self.partitions[part].adjusters.values():

@@ -420,3 +420,28 @@ def test_a_change_read_after_the_windows_names_itself_on_the_open_page_at_once()
     later = p.process([change]).alerts
     assert [a.suggestion.change_id for a in later] == ["chg-1"]
     assert {a.id for a in later} <= {a.id for a in alerts}
+
+
+def test_a_firing_incident_holds_its_groups_in_every_partition() -> None:
+    """The first alert of a pool's regression holds that pool's load models in every input
+    partition, not only in those whose devices were found: a partition consumed late (here
+    partition 3 from window 40 on) would otherwise learn the regressed level as normal once
+    its records come, and never show it (the scale-out test's page stayed a ticket)."""
+    p = Pipeline(Settings())
+    first = None
+    for w, b in enumerate(fleet(90, regress_at=49, change_at=48)):
+        out = p.process([m for m in b if w < 40 or m.partition != 3])
+        first = next((a for a in out.alerts if a.status == "firing"), None)
+        if first is not None:
+            break
+    assert first is not None
+    assert first.scope.pool == "train-a"
+    assert {int(d.split("gpu")[1]) % 4 for d in first.scope.devices} == {0, 1, 2}
+    held = {}
+    for part, state in p.partitions.items():
+        gids = state.table.gids_of("train-a", first.scope.model, "attention")
+        adj = state.adjusters["layer"]
+        assert gids
+        assert adj is not None
+        held[part] = bool(adj._model._frozen[adj._ids(np.array(gids)).reshape(-1)].all())
+    assert held == {0: True, 1: True, 2: True, 3: True}
