@@ -738,15 +738,20 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     }
 
 
+def _reports(inc: Incident, field: int) -> bool:
+    """Whether the incident's devices' records carry `field` (a `coverage.BIT`)."""
+    return any(p.fields >= 0 and p.fields & field for p in inc.points)
+
+
 def _reports_queue(inc: Incident) -> bool:
     """Whether the incident's devices report the time requests wait in their queue."""
-    return any(p.fields >= 0 and p.fields & _QUEUE_WAIT_FIELD for p in inc.points)
+    return _reports(inc, _QUEUE_WAIT_FIELD)
 
 
 def _serving(inc: Incident) -> bool:
     """Whether the incident's devices serve requests (their records carry a request rate):
     replicas that each serve on their own, not the ranks of one synchronous job."""
-    return any(p.fields >= 0 and p.fields & _REQ_RATE_FIELD for p in inc.points)
+    return _reports(inc, _REQ_RATE_FIELD)
 
 
 def _less_work_offered(

@@ -455,7 +455,8 @@ class Pipeline:
         self.advisor.prune(now)
 
     def _hold_load_models(self, alerts: list[Alert]) -> None:
-        """Freeze the load models of groups with a paged incident; thaw them on resolve.
+        """Freeze the load models of groups with a firing incident, in every partition;
+        thaw them on resolve.
 
         The one deliberate feedback edge from alerts back to detection: otherwise the
         expectation slowly learns the regressed level as "normal for this load", the
