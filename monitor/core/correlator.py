@@ -552,7 +552,8 @@ class Incident:
         `pool` once `pool_fraction` of the pool moved, on its devices or on its aggregate
         (`aggregate_share`); `host` when the devices share
         one host, or when most of them are most of one host (a stray device elsewhere
-        is noise joining a host's fault); otherwise `device` (one device, or a few
+        is noise joining a host's fault); `pool` again when they are spread over hosts
+        as a real share of the pool (`_pool_showing`); otherwise `device` (one device, or a few
         scattered ones: naming the devices is the honest scope).
         """
         n = len(self.devices)
@@ -567,7 +568,23 @@ class Incident:
             whole = [h for h, d in per_host.items() if 2 * len(d) >= host_sizes.get(h, 1 << 30)]
             if len(whole) == 1 and 2 * len(per_host[whole[0]]) > n:
                 return "host"
+        if self._pool_showing(pool_devices):
+            return "pool"
         return "device"
+
+    def _pool_showing(self, pool_devices: int) -> bool:
+        """Whether its devices are a real share of the pool (`CLUSTER_SHARE`, on which
+        scattered devices confirm an incident), spread over hosts (none holds half of
+        them), and no pool aggregate says the rest of the pool held: the pool changing,
+        seen first where its detectors are quickest, not a few devices each with a fault
+        of its own. (An aggregate that moved by just their share says it is theirs.)"""
+        n = len(self.devices)
+        if pool_devices <= 0 or n < max(2, CLUSTER_SHARE * pool_devices):
+            return False
+        per_host = self.devices_by_host()
+        if len(per_host) < 2 or 2 * max(len(d) for d in per_host.values()) > n:
+            return False
+        return self.aggregate_share(pool_devices) == 0.0
 
 
 # Upstream points that do not show a change degrading its stage (`Correlator._upstream`).

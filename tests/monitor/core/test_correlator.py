@@ -6,7 +6,7 @@ import dataclasses
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
-from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Correlator
+from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Correlator, Incident
 from monitor.core.coverage import BIT
 from monitor.core.lifecycle import AlertLifecycle, severity
 from monitor.indicators import STAGE_OF
@@ -435,6 +435,29 @@ def test_a_pool_whose_mean_moved_as_far_as_its_devices_is_the_incidents_scope() 
     assert abs(inc.aggregate_share() - 9 / 24) < 1e-9
     assert inc.scope_level(24, 0.5) == "device"
     assert _mfu_on_some(9, pool_shift=None).scope_level(24, 0.5) == "device"
+
+
+def test_a_quarter_of_the_pool_spread_over_its_hosts_is_the_pool() -> None:
+    """Nine of 32 devices, two or three on each of four hosts, their quality stepping down
+    after a model deploy: the share that confirms scattered devices is the pool changing
+    (`quality_drop` seed 5 first paged at device scope, without the deploy's rollback).
+    Most of them on one host, or an aggregate that moved by just their share, are theirs."""
+
+    def incident(hosts: list[int], agg_shift: float | None = None) -> Incident:
+        pts = [_pt(f"h{h}/gpu{i}", "quality", 0.999, 0.99, T0) for i, h in enumerate(hosts)]
+        if agg_shift is not None:
+            agg = _pt("pool:vision", "quality", 0.999, 0.999 - agg_shift, T0)
+            pts.append(dataclasses.replace(agg, host=None, detected_ts=T0 + 6 * W))
+        corr = Correlator()
+        corr.add(pts, T0 + 6 * W, {(POOL, MODEL): 32})
+        (inc,) = corr.incidents
+        return inc
+
+    spread = [0, 0, 1, 1, 2, 2, 2, 3, 3]
+    assert incident(spread).scope_level(32, 0.5) == "pool"
+    assert incident(spread[:7]).scope_level(32, 0.5) == "device"  # under a quarter
+    assert incident([0, 0, 0, 0, 0, 1, 2, 3, 3]).scope_level(32, 0.5) == "device"
+    assert incident(spread, agg_shift=0.009 * 9 / 32).scope_level(32, 0.5) == "device"
 
 
 def _mfu_with_partition_means(k: int, parts: dict[int, tuple[int, float]]):
