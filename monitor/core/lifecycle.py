@@ -217,6 +217,7 @@ class AlertLifecycle:
                     "fleet" if fleet else inc.pool, view.model, then.primary_metric,
                     then.first_failing_stage(), int(then.onset_ts // inc.window_s),
                 )  # fmt: skip
+            self._rejudge(inc)
             view.detected_ts = inc.detected_ts
             alert = self.render(
                 view, now_ts, n_pool, "firing", level=level, shown=_shown_before(inc, paged)
@@ -242,6 +243,15 @@ class AlertLifecycle:
             out.append((at, alert))
         # Judged faults first, sent in the incidents' order (a batch's records keep theirs).
         return [alert for _, alert in sorted(out, key=lambda x: x[0])]
+
+    def _rejudge(self, inc: Incident) -> None:
+        """A ticket, a fault not worth a page yet, is judged on the incident's most telling
+        metric as the evidence comes in (a layer's MFU found a window after the device's
+        own). What on-call was paged with stays fixed, and so does an `info` record: it
+        said what is not a fault (capacity, heat the work brought). The id never changes."""
+        if not inc.children and self.state(inc).severity == "ticket":
+            inc.metric = None
+            inc.metric = inc.primary_metric
 
     def _settle_windows(self, inc: Incident) -> int:
         """Windows an incident waits after its detection before its first record.
