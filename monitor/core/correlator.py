@@ -550,7 +550,8 @@ class Incident:
         """device, host or pool, from how many of the pool's devices moved.
 
         `pool` once `pool_fraction` of the pool moved, on its devices or on its aggregate
-        (`aggregate_share`); `host` when the devices share
+        (`aggregate_share`), or its upstream cause did (`cause_share`); `host` when the
+        devices share
         one host, or when most of them are most of one host (a stray device elsewhere
         is noise joining a host's fault); `pool` again when they are spread over hosts
         as a real share of the pool (`_pool_showing`); otherwise `device` (one device, or a few
@@ -561,6 +562,8 @@ class Incident:
             return "pool"
         if n >= 2 and self.aggregate_share(pool_devices) >= pool_fraction:
             return "pool"  # the pool's mean moved as far as its devices: the pool did
+        if self.cause_share(pool_devices) >= pool_fraction:
+            return "pool"  # its cause is the pool's: a kernel fell back on most devices
         if n > 1 and len(self.hosts) == 1:
             return "host"
         if n > 1 and host_sizes:
@@ -571,6 +574,28 @@ class Incident:
         if self._pool_showing(pool_devices):
             return "pool"
         return "device"
+
+    def cause_share(self, pool_devices: int) -> float:
+        """The share of the pool on which a stage upstream of its primary metric's got
+        worse at its onset, on its layers (a kernel falling back, a spill rising): found
+        by what load cannot move, on each device (0.0 without the pool's size).
+
+        The same cause on every device of one model and pool costs each of them what it
+        cost those whose own streams have shown it: devices whose MFU detectors are young
+        or noisy have not found that yet, and the pool's is the scope and the loss."""
+        if pool_devices <= 0:
+            return 0.0
+        points = self.primary_points()
+        rank = min(STAGES.index(p.stage) for p in points)
+        layers = set(self.layers)
+        near = 2 * self.window_s
+        devices = {
+            e.device for e in self.evidence
+            if not e.is_aggregate and e.is_regression and e.metric not in _NOT_A_CAUSE
+            and STAGES.index(e.stage) < rank and (not layers or e.layer in layers)
+            and abs(e.onset_ts - self.onset_ts) <= near
+        }  # fmt: skip
+        return min(len(devices) / pool_devices, 1.0)
 
     def _pool_showing(self, pool_devices: int) -> bool:
         """Whether its devices are a real share of the pool (`CLUSTER_SHARE`, on which
@@ -589,6 +614,8 @@ class Incident:
 
 # Upstream points that do not show a change degrading its stage (`Correlator._upstream`).
 _NOT_A_STAGE_WORSE = LOAD_METRICS | QUEUEING | {"kernel"}
+# Nor is what follows load (heat, served work) a cause a whole pool shares (`cause_share`).
+_NOT_A_CAUSE = _NOT_A_STAGE_WORSE | LOAD_FOLLOWING
 
 
 class Correlator:

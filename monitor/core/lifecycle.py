@@ -1021,8 +1021,10 @@ def _share(
     if level == "pool" and n_pool:
         # The devices found so far are a lower bound: streams too young or noisy to
         # show the shift one by one still move their pool's mean, which tells the
-        # share of the pool that moved (`Incident.aggregate_share`, as the scope).
-        share = max(share, inc.aggregate_share(n_pool))
+        # share of the pool that moved (`Incident.aggregate_share`, as the scope), and
+        # so does the spread of the upstream cause the found devices show
+        # (`Incident.cause_share`): the same cause costs its devices the same.
+        share = max(share, inc.aggregate_share(n_pool), inc.cause_share(n_pool))
     if (
         bottleneck == "synchronisation"
         and any(layer in COMM_LAYERS for _, _, layer in support)

@@ -460,6 +460,33 @@ def test_a_quarter_of_the_pool_spread_over_its_hosts_is_the_pool() -> None:
     assert incident(spread, agg_shift=0.009 * 9 / 32).scope_level(32, 0.5) == "device"
 
 
+def test_a_cause_on_most_of_the_pool_makes_two_devices_its_pool() -> None:
+    """A kernel falls back on attention on all 24 devices of a young pool; attention MFU
+    -14 % is found on two of them so far (`pool_regression` seed 9 was a device ticket
+    without its rollback). The same cause costs every device the same: pool scope, and a
+    page weighed on the pool. A fallback on those two devices alone is theirs."""
+
+    def incident(fell_back: int) -> Incident:
+        pts = [dataclasses.replace(_pt(f"h{i // 8}/gpu{i % 8}", "mfu", 0.50, 0.43, T0),
+                                   layer="attention") for i in (0, 9)]  # fmt: skip
+        pts += [dataclasses.replace(_pt(f"h{i // 8}/gpu{i % 8}", "fallback_frac", 0.0, 0.4, T0),
+                                    layer="attention", stage="lowering")
+                for i in range(fell_back)]  # fmt: skip
+        corr = Correlator()
+        corr.add(pts, T0 + 3 * W, {(POOL, MODEL): 24})
+        (inc,) = corr.incidents
+        return inc
+
+    pool = incident(24)
+    assert pool.cause_share(24) == 1.0
+    assert pool.scope_level(24, 0.5) == "pool"
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    assert life.render(pool, T0 + 4 * W, 24, "firing").severity == "page"
+    own = incident(2)
+    assert own.scope_level(24, 0.5) == "device"
+    assert life.render(own, T0 + 4 * W, 24, "firing").severity != "page"
+
+
 def _mfu_with_partition_means(k: int, parts: dict[int, tuple[int, float]]):
     """Attention MFU 0.50 -> 0.43 on `k` devices of one host in a pool of 64; per input
     partition p, its aggregate over `members` devices down by `shift`."""
