@@ -395,12 +395,23 @@ class Incident:
         them; a burst that already ended counts down. A change found late is dated no
         better than its detection delay (its statistic climbed from noise somewhere in
         that span): a burst that began before the change was found may be what moved it.
+        A fall that began more than two windows after the onset is not counted: the load
+        receding as the change was being found is not the load it began under.
         """
         onset = self.onset_ts
-        lo, hi = onset - self.group_window_s, max(onset + 2 * self.window_s, self.found_ts)
+        near = onset + 2 * self.window_s
+        lo, hi = onset - self.group_window_s, max(near, self.found_ts)
         latest: dict[str, ChangePoint] = {}
         for p in sorted(self.load, key=lambda q: q.onset_ts):
-            if p.metric in LOAD_METRICS and lo <= p.onset_ts <= hi and p.before > 0:
+            # A fall that began after the onset (a burst ending while the change was still
+            # being found) is not the load the change began under.
+            receding = p.onset_ts > near and p.after < p.before
+            if (
+                p.metric in LOAD_METRICS
+                and lo <= p.onset_ts <= hi
+                and p.before > 0
+                and not receding
+            ):
                 latest[p.device] = p
         if not latest:
             return 1.0
@@ -595,6 +606,8 @@ class Incident:
             and STAGES.index(e.stage) < rank and (not layers or e.layer in layers)
             and abs(e.onset_ts - self.onset_ts) <= near
         }  # fmt: skip
+        if len(devices) < 2:
+            return 0.0  # a cause on one device is that device's, as a pool needs two
         return min(len(devices) / pool_devices, 1.0)
 
     def _pool_showing(self, pool_devices: int) -> bool:

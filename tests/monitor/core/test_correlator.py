@@ -487,6 +487,28 @@ def test_a_cause_on_most_of_the_pool_makes_two_devices_its_pool() -> None:
     assert life.render(own, T0 + 4 * W, 24, "firing").severity != "page"
 
 
+def test_a_burst_that_ends_while_the_change_is_found_is_the_load_it_began_under() -> None:
+    """A queue grew 26 windows before it was found, during a burst (x1.8) that ended two
+    windows before that: the load it began under is the burst's, not the fall after it
+    (`deploy_without_regression` seed 57: read as x0.56, the queue was no overload and
+    paged with the routing change that landed in the burst). A burst that ended before
+    the onset still counts down."""
+
+    def ratio(fall_at: float) -> float:
+        devs = [f"h{i}/gpu0" for i in range(8)]
+        pts = [dataclasses.replace(_pt(d, "queue_wait_ms", 80.0, 10000.0, T0),
+                                   detected_ts=T0 + 26 * W) for d in devs]  # fmt: skip
+        pts += [_pt(d, "req_rate", 19.0, 34.0, T0 - 10 * W) for d in devs]
+        pts += [_pt(d, "req_rate", 34.0, 19.0, fall_at) for d in devs]
+        corr = Correlator()
+        corr.add(pts, T0 + 30 * W, {(POOL, MODEL): 8})
+        (inc,) = corr.incidents
+        return inc.load_ratio()
+
+    assert abs(ratio(T0 + 24 * W) - 34.0 / 19.0) < 1e-9
+    assert abs(ratio(T0 - 3 * W) - 19.0 / 34.0) < 1e-9
+
+
 def _mfu_with_partition_means(k: int, parts: dict[int, tuple[int, float]]):
     """Attention MFU 0.50 -> 0.43 on `k` devices of one host in a pool of 64; per input
     partition p, its aggregate over `members` devices down by `shift`."""
