@@ -562,11 +562,11 @@ class Incident:
 
         `pool` once `pool_fraction` of the pool moved, on its devices or on its aggregate
         (`aggregate_share`), or its upstream cause did (`cause_share`); `host` when the
-        devices share
-        one host, or when most of them are most of one host (a stray device elsewhere
-        is noise joining a host's fault); `pool` again when they are spread over hosts
-        as a real share of the pool (`_pool_showing`); otherwise `device` (one device, or a few
-        scattered ones: naming the devices is the honest scope).
+        devices share one host, or when most of them are most of one host (a stray
+        device elsewhere is noise joining a host's fault); `pool` again when they are
+        spread over hosts as a real share of the pool (`_pool_showing`); otherwise
+        `device` (one device, or a few scattered ones: naming the devices is the honest
+        scope).
         """
         n = len(self.devices)
         if pool_devices > 0 and n >= max(2, pool_fraction * pool_devices):
