@@ -10,6 +10,9 @@ before it when no burst came between the two (the calm windows are no test).
 Per pool: one bin a minute of the pool's recent windows, each with the most offered
 load (request rate) seen in it and how many windows it held, for the advisor's
 look-back. Training pools report no request rate; every window of theirs is a test.
+Per serving pool, model and layer type, each minute also keeps the pool aggregate's
+per-layer efficiency at that minute's peak load, so that a burst can be compared with
+earlier bursts at that load (`earlier_level`) rather than with calm.
 Not checkpointed: after a restart nothing counts as tested until the pool has run
 again, so the advisor falls back to the plain look-back.
 """
@@ -20,6 +23,9 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from monitor.arrays import F32
 from monitor.indicators import DEFAULT_MIN_REL_CHANGE, MIN_REL_CHANGE
 
 BIN_S = 60.0
@@ -28,12 +34,56 @@ BIN_S = 60.0
 SAME_LOAD = MIN_REL_CHANGE.get("req_rate", DEFAULT_MIN_REL_CHANGE)
 
 
+# The per-layer efficiency columns kept per minute: what the load model normalises and
+# bursts are compared on (`lifecycle._NORMALISED`).
+EFFICIENCY = ("mfu", "stall_frac", "arith_intensity", "occupancy")
+# Fewer earlier minutes at a load than this: no comparison (one minute may be a burst's
+# ragged edge).
+MIN_EARLIER_MINUTES = 2
+
+LevelKey = tuple[str | None, str | None, str]  # (pool, model, layer type)
+
+
+class _LevelRing:
+    """One (pool, model, layer)'s minutes over the span: a slot per minute (minute number,
+    peak load, `EFFICIENCY` levels at it), overwritten as the minutes come round again;
+    about 26 bytes a minute, 9 kB for six hours."""
+
+    def __init__(self, minutes: int) -> None:
+        self.minute = np.full(minutes, -1, dtype=np.int64)
+        self.load = np.full(minutes, -np.inf, dtype=np.float32)
+        self.levels = np.full((minutes, len(EFFICIENCY)), np.nan, dtype=np.float32)
+        self.newest = -1
+
+    def put(self, k: int, load: float, levels: tuple[float, ...]) -> None:
+        """Minute `k`'s window at `load`, kept if it is the minute's highest so far."""
+        i = k % self.minute.size
+        if self.minute[i] != k:
+            if self.minute[i] > k:
+                return  # a minute older than the span: its slot went to a newer one
+            self.minute[i], self.load[i], self.levels[i] = k, -np.inf, np.nan
+        if load > self.load[i]:
+            self.load[i], self.levels[i] = load, levels
+        self.newest = max(self.newest, k)
+
+    def at_load(self, col: int, lo: float, hi: float, before: int) -> F32:
+        """Column `col`'s finite levels at minutes before `before` whose peak load lay in
+        [lo, hi]."""
+        lv = self.levels[:, col]
+        keep = (self.minute >= 0) & (self.minute < before)
+        keep &= (self.load >= lo) & (self.load <= hi) & np.isfinite(lv)
+        out: F32 = lv[keep]
+        return out
+
+
 @dataclass
 class PoolExposure:
-    """Per pool, per minute: (highest request rate, windows seen); pruned by age."""
+    """Per pool, per minute: (highest request rate, windows seen); per (pool, model, layer)
+    and minute: that minute's peak request rate and the efficiency at it; pruned by age."""
 
     span_s: float = 6 * 3600.0
     _bins: dict[str | None, dict[int, list[float]]] = field(default_factory=dict)
+    _levels: dict[LevelKey, _LevelRing] = field(default_factory=dict)
 
     def observe(self, pool: str | None, ts: float, load: float) -> None:
         """One window of a pool at event time `ts`, with its request rate (NaN: none)."""
@@ -41,21 +91,48 @@ class PoolExposure:
         b[0] = max(b[0], load)  # a NaN load never wins: b[0] stays a number
         b[1] += 1.0
 
+    def observe_levels(
+        self, key: LevelKey, ts: float, load: float, levels: tuple[float, ...]
+    ) -> None:
+        """A pool-layer aggregate's window: its request rate per device and its `EFFICIENCY`
+        levels. Each minute keeps the window of its highest load (one of any partition's)."""
+        if not math.isfinite(load):
+            return  # a training pool: no burst to compare
+        ring = self._levels.get(key)
+        if ring is None:
+            ring = self._levels[key] = _LevelRing(max(1, math.ceil(self.span_s / BIN_S)))
+        ring.put(int(ts // BIN_S), load, levels)
+
+    def earlier_level(
+        self, key: LevelKey, column: str, load: float, before_ts: float, band: float
+    ) -> float | None:
+        """The median `column` level of `key` over whole minutes before `before_ts` whose
+        peak load was this `load` (from `SAME_LOAD` below it to `band` times it): what the
+        pool did at such a burst before. None with fewer than `MIN_EARLIER_MINUTES`."""
+        ring = self._levels.get(key)
+        if ring is None or not math.isfinite(load) or load <= 0:
+            return None
+        found = ring.at_load(
+            EFFICIENCY.index(column), load / (1.0 + SAME_LOAD), load * band,
+            int(before_ts // BIN_S),
+        )  # fmt: skip
+        return float(np.median(found)) if found.size >= MIN_EARLIER_MINUTES else None
+
+    def peak_load(self, pool: str | None, onset_ts: float, detected_ts: float) -> float:
+        """The highest request rate per device from the onset's minute to the detection's
+        (NaN: none reported)."""
+        bins = self._bins.get(pool, {})
+        at = [bins[k][0] for k in range(int(onset_ts // BIN_S), int(detected_ts // BIN_S) + 1)
+              if k in bins]  # fmt: skip
+        peak = max(at, default=math.nan)
+        return peak if math.isfinite(peak) else math.nan
+
     def prune(self, now_ts: float) -> None:
-        """Forget bins older than the span; pools left with none go too."""
+        """Forget bins older than the span; pools (and level keys) left with none go too."""
         cut = int((now_ts - self.span_s) // BIN_S)
-        for pool in list(self._bins):
-            bins = self._bins[pool]
-            # Minutes arrive in order (late records aside): the old ones are at the front.
-            old = []
-            for k in bins:
-                if k >= cut:
-                    break
-                old.append(k)
-            for k in old:
-                del bins[k]
-            if not bins:
-                del self._bins[pool]
+        _prune(self._bins, cut)
+        for key in [k for k, ring in self._levels.items() if ring.newest < cut]:
+            del self._levels[key]
 
     def novelty(self, pool: str | None, onset_ts: float, detected_ts: float,
                 before_ts: float) -> float:  # fmt: skip
@@ -125,3 +202,19 @@ class PoolExposure:
                 if count >= windows:
                     return True
         return False
+
+
+def _prune(table: dict[str | None, dict[int, list[float]]], cut: int) -> None:
+    """Drop minutes before `cut` from each key's bins, and keys left with none."""
+    for key in list(table):
+        bins = table[key]
+        # Minutes arrive in order (late records aside): the old ones are at the front.
+        old = []
+        for k in bins:
+            if k >= cut:
+                break
+            old.append(k)
+        for k in old:
+            del bins[k]
+        if not bins:
+            del table[key]

@@ -32,6 +32,7 @@ from monitor.core.coverage import BIT, not_judged
 from monitor.core.load import LOAD_SENSITIVE
 from monitor.indicators import (
     BACKLOG,
+    BAD_DIRECTION,
     CLOCK_BOUND,
     COMM_LAYERS,
     COMPLEMENT,
@@ -658,6 +659,15 @@ class AlertLifecycle:
                 f" at x{novel:.2f} the highest offered load the pool ran before (no earlier"
                 " burst at this load to compare with)"
             )
+        then = self._as_at_earlier_bursts(inc, metric, after, moved)
+        if then is not None:
+            # Burst against burst at a load the pool ran at before: its efficiency there
+            # is what it was at those bursts, so the load, not a change, moved it (a
+            # change that made bursts worse leaves it worse than then, and pages).
+            return "info", (
+                f" at a burst like earlier ones ({_METRIC_WORDS.get(metric, metric)} then"
+                f" {then:.4g} at that load; per-layer efficiency unchanged)"
+            )
         fell = _less_work_offered(metric, before, after, load, moved, inc.drained())
         if fell:
             return "info", f" as {fell} (less work offered; per-layer efficiency unchanged)"
@@ -675,6 +685,32 @@ class AlertLifecycle:
         if _hardware_fault(moved):
             return 0.0
         return self._unseen_load(inc)
+
+    def _as_at_earlier_bursts(
+        self, inc: Incident, metric: str, after: float, moved: set[str]
+    ) -> float | None:
+        """The level the pool's aggregate showed at earlier bursts at this incident's load,
+        where its devices' level now is no worse than that by the metric's reporting floor
+        (None: not so, not a burst, or no earlier burst at that load).
+
+        Only for per-layer efficiency that dropped as the offered load rose, without a
+        hardware fault. The load model forgets over minutes, so a burst an hour after the
+        last one reads against calm; earlier bursts say what this load does."""
+        if metric not in _NORMALISED or not inc.layers or inc.model is None:
+            return None
+        if _hardware_fault(moved) or not offered_load_rose(inc.load_ratio(), moved):
+            return None
+        exposure = self.advisor.exposure
+        peak = exposure.peak_load(inc.pool, inc.onset_ts, inc.found_ts)
+        then = exposure.earlier_level(
+            (inc.pool, inc.model, inc.layers[0]), metric, peak,
+            inc.onset_ts - inc.group_window_s, OVERLOAD_RATIO,
+        )  # fmt: skip
+        if then is None:
+            return None
+        floor = MIN_REL_CHANGE.get(metric, DEFAULT_MIN_REL_CHANGE) * abs(then)
+        worse = (after - then) * BAD_DIRECTION.get(metric, 0)
+        return then if worse <= floor else None
 
     def _load_novelty(self, inc: Incident) -> float:
         """The peak offered load from the incident's onset to its first detection over the

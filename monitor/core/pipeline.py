@@ -20,6 +20,7 @@ from monitor.config import Settings, catalog_from
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import AGGREGATE, ChangePoint, Correlator, Incident
 from monitor.core.coverage import stage_of
+from monitor.core.exposure import EFFICIENCY
 from monitor.core.fleet import REPORT_VERSION, FleetStage, Report, encode_report, page_of
 from monitor.core.lifecycle import AlertLifecycle, AlertState
 from monitor.core.load import back_to_expected
@@ -331,12 +332,25 @@ class Pipeline:
         return found, view, dead, (late, duplicate, len(rejected) - late - duplicate)
 
     def _expose(self, table: StreamTable, frame: Frame) -> None:
-        """Each pool's windows and request rate, for the advisor (`core.exposure`); a loop
+        """Each pool's windows and request rate, and each serving pool layer's efficiency at
+        its minutes' peak load, for the advisor and the lifecycle (`core.exposure`); loops
         over (pool group, window) aggregates, not over records."""
         rate = frame.pool_device_load[:, 1].tolist()
         for gid, ts, load in zip(frame.pool_device_rows.tolist(), frame.pool_device_ts.tolist(),
                                  rate, strict=True):  # fmt: skip
             self.advisor.exposure.observe(table.group_key(gid)[0], ts, load)
+        # Per-layer efficiency at each minute's peak load, of pools that report a request
+        # rate (training pools have no bursts to compare).
+        layer_rate = frame.pool_layer_load[:, 1]
+        served = np.flatnonzero(np.isfinite(layer_rate))
+        if not served.size:
+            return
+        levels = frame.pool_layer_values[np.ix_(served, _EFFICIENCY_COLS)].tolist()
+        for gid, ts, load, lv in zip(frame.pool_layer_rows[served].tolist(),
+                                     frame.pool_layer_ts[served].tolist(),
+                                     layer_rate[served].tolist(), levels, strict=True):  # fmt: skip
+            pool, model, layer, _hw = table.group_key(gid)
+            self.advisor.exposure.observe_levels((pool, model, layer), ts, load, tuple(lv))
 
     def _decode(
         self, batch: list[RawMessage], out: Output, wall_ts: float | None,
@@ -727,6 +741,7 @@ class Pipeline:
 # 300 kB, under Kafka's default 1 MiB `max.message.bytes`.
 REPORT_POINTS = 1000
 _DEVICE_KINDS = tuple(k for k in STREAM_KINDS if not k.aggregate)
+_EFFICIENCY_COLS = np.array([LAYER_METRICS.index(m) for m in EFFICIENCY], dtype=np.int64)
 # Per column set: the columns judged on their complement (`indicators.COMPLEMENT`).
 _COMPLEMENT_COLS = {
     k.columns: np.array([i for i, m in enumerate(k.columns) if m in COMPLEMENT], dtype=np.int64)

@@ -359,9 +359,10 @@ def test_the_primary_metric_supports_its_incident_on_however_few_devices() -> No
     assert inc.first_failing_stage() == "ingress"
 
 
-def _mfu_drop_at_a_burst(earlier_peak: float) -> tuple[str, str]:
+def _mfu_drop_at_a_burst(earlier_peak: float, earlier_mfu: float | None = None) -> tuple[str, str]:
     """Per-layer MFU -15 % on the whole pool as its request rate rose from 100 to 250 per
-    second, after an hour whose bursts peaked at `earlier_peak`: (severity, summary)."""
+    second, after an hour whose bursts peaked at `earlier_peak` (with the pool's MLP MFU
+    at `earlier_mfu` during them, if given): (severity, summary)."""
     devs = [f"h{i}/gpu0" for i in range(8)]
     onset = T0 + 3600.0
     pts = [dataclasses.replace(_pt(d, "mfu", 0.6, 0.51, onset), layer="mlp") for d in devs]
@@ -372,7 +373,11 @@ def _mfu_drop_at_a_burst(earlier_peak: float) -> tuple[str, str]:
     adv = Advisor()
     for k in range(360):
         ts = T0 + 10.0 * k
-        adv.exposure.observe(POOL, ts, earlier_peak if k % 120 < 20 else 100.0)
+        burst = k % 120 < 20
+        adv.exposure.observe(POOL, ts, earlier_peak if burst else 100.0)
+        if earlier_mfu is not None:
+            rate, mfu = (earlier_peak, earlier_mfu) if burst else (100.0, 0.6)
+            adv.exposure.observe_levels((POOL, MODEL, "mlp"), ts, rate, (mfu, 0.2, 50.0, 0.5))
     for k in range(360, 366):
         adv.exposure.observe(POOL, T0 + 10.0 * k, 250.0)
     alert = AlertLifecycle(AlertSettings(), adv).render(inc, onset + 3 * W, 8, "firing")
@@ -389,6 +394,22 @@ def test_an_efficiency_drop_at_a_load_the_pool_never_ran_is_a_capacity_record() 
     sev, text = _mfu_drop_at_a_burst(earlier_peak=240.0)
     assert sev == "page"
     assert "highest offered load" not in text
+
+
+def test_an_efficiency_drop_at_a_burst_like_earlier_ones_is_what_the_load_does() -> None:
+    """Burst against burst at a load the pool ran at: an hour after its last burst the load
+    model has forgotten it, and MLP MFU reads -15 % against calm. Earlier bursts at that
+    load ran at 0.52, as now: the load's doing, an info record that says so (`fleet_day`
+    seed 14 paged it). Had they run at 0.60, this burst is worse than those: it pages."""
+    sev, text = _mfu_drop_at_a_burst(earlier_peak=240.0, earlier_mfu=0.52)
+    assert sev == "info"
+    assert "MFU then 0.52 at that load" in text
+    sev, text = _mfu_drop_at_a_burst(earlier_peak=240.0, earlier_mfu=0.60)
+    assert sev == "page"
+    assert "at that load" not in text
+    # a burst far larger than this one says nothing of this load
+    sev, _ = _mfu_drop_at_a_burst(earlier_peak=400.0, earlier_mfu=0.45)
+    assert sev == "page"
 
 
 def test_stages_a_window_apart_are_a_tie_that_goes_upstream() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from monitor.core.exposure import PoolExposure
 
 T0, W = 1_000_000.0, 10.0
@@ -71,3 +73,27 @@ def test_a_rate_drifting_up_a_fraction_of_a_percent_still_ran_at_the_onsets_load
     _fill(exp, "serve", T0, T0 + 3600, 100.0)
     _fill(exp, "serve", T0 + 3600, T0 + 3900, 111.0)
     assert not exp.tested("serve", T0 + 30, T0 + 3600, T0 + 3630, W, 6)
+
+
+def test_earlier_level_is_the_median_of_minutes_at_this_load_before_the_cut() -> None:
+    """Each minute keeps the efficiency of its peak-load window; only whole minutes before
+    the cut, at this load (from the rate's floor below to `band` times above), count, and
+    at least two of them; pruning forgets them."""
+    exp = PoolExposure(span_s=3600)
+    key = ("serve", "m", "mlp")
+    for k in range(30):  # calm minutes at 100/s, MFU 0.6; a burst at 180/s, MFU 0.5
+        t = T0 + 60.0 * k
+        exp.observe_levels(key, t, 100.0, (0.6, 0.2, 50.0, 0.5))
+        if 10 <= k < 14:
+            exp.observe_levels(key, t + 30.0, 180.0 + k, (0.5 - 0.01 * (k - 10), 0.3, 40.0, 0.4))
+    exp.observe_levels(key, T0, math.nan, (0.1, 0.1, 0.1, 0.1))  # no rate: not kept
+    assert exp.earlier_level(key, "mfu", 185.0, T0 + 1800.0, 1.25) == pytest.approx(0.485)
+    # the cut leaves two of the burst's minutes: still a comparison; one is not
+    assert exp.earlier_level(key, "mfu", 185.0, T0 + 60.0 * 13, 1.25) == pytest.approx(0.495)
+    assert exp.earlier_level(key, "mfu", 185.0, T0 + 60.0 * 12, 1.25) is None
+    # a load far below or above this one is another load
+    assert exp.earlier_level(key, "mfu", 140.0, T0 + 1800.0, 1.25) is None
+    assert exp.earlier_level(key, "mfu", 300.0, T0 + 1800.0, 1.25) is None
+    assert exp.earlier_level(key, "stall_frac", 185.0, T0 + 1800.0, 1.25) == pytest.approx(0.3)
+    exp.prune(T0 + 1800.0 + 3600.0)
+    assert exp.earlier_level(key, "mfu", 185.0, T0 + 7200.0, 1.25) is None
