@@ -426,7 +426,13 @@ class Pipeline:
         and a deploy keeps it until its own windows say otherwise. Started blank, it is
         fitted to a few windows at one load and misreads the next load change (a burst
         ending right after a no-op deploy read as a 20 % device-MFU drop). Per-layer
-        efficiency is the model's own: a new version's is learned afresh."""
+        efficiency is the model's own: a new version's is learned afresh.
+
+        The pool's device-level aggregate goes on from its predecessor's detector too, as
+        each device's own streams do across a deploy: started blank, it would spend its
+        burn-in on the deploy's first windows, and a release that fails requests (one or
+        two a window per device, which a device's detector finds late) would show on no
+        aggregate."""
         pairs = [(old, new) for new in st.table.take_created()
                  if (old := st.table.predecessor(new)) is not None]  # fmt: skip
         if not pairs:
@@ -436,6 +442,9 @@ class Pipeline:
         for adjuster in st.adjusters.values():
             if adjuster is not None:
                 adjuster.inherit(src, dst)
+        copy_rows = getattr(st.detectors[_POOL_DEVICE], "copy_rows", None)
+        if copy_rows is not None:  # a detector kind that can carry a stream over
+            copy_rows(src, dst)
 
     @staticmethod
     def _release(st: PartitionState, released: Released, counts: Counter[str]) -> None:
@@ -741,6 +750,7 @@ class Pipeline:
 # 300 kB, under Kafka's default 1 MiB `max.message.bytes`.
 REPORT_POINTS = 1000
 _DEVICE_KINDS = tuple(k for k in STREAM_KINDS if not k.aggregate)
+_POOL_DEVICE = next(k.name for k in STREAM_KINDS if k.aggregate and k.columns == DEVICE_METRICS)
 _EFFICIENCY_COLS = np.array([LAYER_METRICS.index(m) for m in EFFICIENCY], dtype=np.int64)
 # Per column set: the columns judged on their complement (`indicators.COMPLEMENT`).
 _COMPLEMENT_COLS = {

@@ -285,6 +285,10 @@ class BankCusum:
         """Reset expired streams' slots so a new stream can reuse them."""
         bank_state.forget(self, rows)
 
+    def copy_rows(self, src: I64, dst: I64) -> None:
+        """Streams `dst` go on from the whole state of streams `src` (`bank_state`)."""
+        bank_state.copy_rows(self, src, dst)
+
     def snapshot(self) -> bytes:
         """All state and parameters as deterministic bytes (the rows in use only)."""
         return bank_state.snapshot(self)

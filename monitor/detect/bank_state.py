@@ -169,6 +169,32 @@ def forget(det: BankCusum, rows: I64) -> None:
     det._times.forget(rows)
 
 
+def copy_rows(det: BankCusum, src: I64, dst: I64) -> None:
+    """Rows `dst` take over the whole state of rows `src`: the same stream goes on under
+    another row (a new model version's pool aggregate after its predecessor's)."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    if src.size == 0:
+        return
+    grow(det, int(max(src.max(), dst.max())) + 1)
+    k = det.n_metrics
+    sc = (src[:, None] * k + np.arange(k)).ravel()
+    dc = (dst[:, None] * k + np.arange(k)).ravel()
+    unread = idle(det)
+    for name, arr in det._s.items():
+        if name not in unread:
+            arr[dc] = arr[sc]
+    for arr in (det._bank, det._run, det._ring):
+        arr[:, dc] = arr[:, sc]
+    # The time rings are held per row where a row's cells agree: rebuilt from a ring per
+    # cell, as a checkpoint's are, with the capacity the bank has.
+    pos = det._s["pos"][: det._rows * k]
+    tring = det._times.full(det._rows, pos)
+    tring[:, dc] = tring[:, sc]
+    times = TimeRings.load(tring, pos, k, zeros)
+    times.reserve(det._cap, det._rows)
+    det._times = times
+
+
 def rows_in_use(det: BankCusum) -> int:
     """Rows up to the last one that ever saw a sample (later slots are pristine)."""
     cells = det._rows * det.n_metrics

@@ -445,3 +445,30 @@ def test_a_firing_incident_holds_its_groups_in_every_partition() -> None:
         assert adj is not None
         held[part] = bool(adj._model._frozen[adj._ids(np.array(gids)).reshape(-1)].all())
     assert held == {0: True, 1: True, 2: True, 3: True}
+
+
+def test_a_new_versions_pool_aggregate_shows_its_failures_from_the_deploy() -> None:
+    """A deploy starts a new (pool, model) group. Its device-level aggregate goes on from
+    the old version's detector, as the devices' own streams do, so a release that fails
+    one request in 400 (half a failure a window per device, which no device's detector
+    finds soon) shows on the pool's aggregate within windows of the deploy."""
+    rng = np.random.default_rng(7)
+    devices = [f"h{i // 8}/gpu{i % 8}" for i in range(16)]
+    deploy, batches = 120, []
+    for k in range(180):
+        model = "m@1" if k < deploy else "m@2"
+        rate = 0.0 if k < deploy else 1 / 400
+        recs = []
+        for d in devices:
+            req = 20.0 * (1 + 0.05 * rng.standard_normal())
+            recs.append(window(d, T0 + 10.0 * k, pool="serve", model=model,
+                               ingress={"req_rate": req, "queue_depth": 2, "queue_wait_ms": 3.0,
+                                        "batch": 16},
+                               slo={"lat_p99_ms": 120.0, "quality": 0.999,
+                                    "errors": int(rng.poisson(rate * req * 10.0))}))  # fmt: skip
+        batches.append([msg(r) for r in recs])
+    p, _alerts, _dead = _run(batches)
+    onsets = [e.onset_ts for i in p.correlator.incidents for e in (*i.evidence, *i.points)
+              if e.is_aggregate and e.metric == "error_rate"]  # fmt: skip
+    assert onsets
+    assert min(abs(t - (T0 + 10.0 * (deploy - 1))) for t in onsets) <= 20.0

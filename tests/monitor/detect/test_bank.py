@@ -761,6 +761,30 @@ def test_forget_makes_a_fresh_stream() -> None:
     np.testing.assert_array_equal(got.after, want.after)
 
 
+def test_a_copied_row_goes_on_as_the_stream_it_was_copied_from() -> None:
+    """`copy_rows`: a row that takes over another's state (a new model version's pool
+    aggregate) finds what the original finds, where and when it finds it, as one stream
+    fed the whole series does; rows past the capacity and time rings of their own (a
+    column that joined late) included."""
+    rng = np.random.default_rng(12)
+    k = 3
+    x = 5 + ar1(rng, (400, 1, k), 0.5)
+    x[:60, 0, 2] = np.nan  # a metric that joined later keeps a time ring of its own
+    x[330:, 0, 0] += 4  # the step after the copy
+    x[350:, 0, 1] -= 4
+    whole = feed(BankCusum(k, capacity=2), x)
+    det = BankCusum(k, capacity=2)
+    feed(det, x[:300])
+    det.copy_rows(np.array([0]), np.array([5]))
+    both = np.repeat(x[300:], 2, axis=1)
+    rest = feed(det, both, t0=300 * WINDOW, rows=np.array([0, 5]))
+    assert len(whole) >= 2
+    for row in (0, 5):
+        mine = rest.rows == row
+        for f in ("cols", "detected_ts", "onset_ts", "before", "after", "score"):
+            np.testing.assert_array_equal(getattr(rest, f)[mine], getattr(whole, f))
+
+
 def test_capacity_grows_on_demand_without_changing_results() -> None:
     """Rows past the capacity work, and growing mid-stream changes nothing."""
     rng = np.random.default_rng(6)
