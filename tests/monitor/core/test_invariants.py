@@ -51,8 +51,8 @@ def _run(msgs: list[RawMessage], chunk: int) -> list[Alert]:
     chunk=st.integers(200, 6000),
 )
 def test_alert_invariants(name: str, seed: int, devices: int, chunk: int) -> None:
-    """onset <= detected <= ts; no onset before the first window; an id keeps its metric
-    and onset; one labelled incident never pages under two ids."""
+    """onset <= detected <= ts; no onset before the first window; an id keeps the metric it
+    paged with; one labelled incident never pages under two ids."""
     msgs, labels = _messages(name, seed, devices)
     alerts = _run(msgs, chunk)
     first_window_start = float(labels["start_ts"])  # the first window's start
@@ -62,6 +62,10 @@ def test_alert_invariants(name: str, seed: int, devices: int, chunk: int) -> Non
         assert a.onset_ts >= first_window_start, a
         by_id.setdefault(a.id, []).append(a)
     for seq in by_id.values():
-        assert len({a.metric for a in seq}) == 1, seq
+        # A ticket is judged on the most telling metric as evidence comes in; once it
+        # paged, an id keeps the metric it paged with.
+        paged = next((i for i, a in enumerate(seq) if a.severity == "page"), None)
+        if paged is not None:
+            assert len({a.metric for a in seq[paged:]}) == 1, seq
     res = score(labels, alerts, 6.0)
     assert res.duplicate_alerts == 0, (name, seed, devices, chunk)
