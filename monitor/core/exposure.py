@@ -142,13 +142,12 @@ class PoolExposure:
         bins = self._bins.get(pool)
         if not bins:
             return 1.0
-        at = [bins[k][0] for k in range(int(onset_ts // BIN_S), int(detected_ts // BIN_S) + 1)
-              if k in bins]  # fmt: skip
+        peak = self.peak_load(pool, onset_ts, detected_ts)
         cut = int(before_ts // BIN_S)
         earlier = [b[0] for k, b in bins.items() if k < cut]
-        if not at or not earlier:
+        if not earlier:
             return 1.0
-        peak, prior = max(at), max(earlier)
+        prior = max(earlier)
         if not (math.isfinite(peak) and math.isfinite(prior)) or prior <= 0:
             return 1.0
         return peak / prior
