@@ -29,6 +29,7 @@ from monitor.core.correlator import (
     offered_load_rose,
 )
 from monitor.core.coverage import BIT, not_judged
+from monitor.core.exposure import EFFICIENCY
 from monitor.core.load import LOAD_SENSITIVE
 from monitor.indicators import (
     BACKLOG,
@@ -696,8 +697,8 @@ class AlertLifecycle:
         Only for per-layer efficiency that dropped as the offered load rose, without a
         hardware fault. The load model forgets over minutes, so a burst an hour after the
         last one reads against calm; earlier bursts say what this load does."""
-        if metric not in _NORMALISED or not inc.layers or inc.model is None:
-            return None
+        if metric not in EFFICIENCY or not inc.layers or inc.model is None:
+            return None  # the exposure keeps the per-layer efficiency columns only
         if _hardware_fault(moved) or not offered_load_rose(inc.load_ratio(), moved):
             return None
         exposure = self.advisor.exposure

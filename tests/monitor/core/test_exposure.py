@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from monitor.core.exposure import PoolExposure
+from monitor.core.exposure import EFFICIENCY, PoolExposure
+from monitor.core.lifecycle import _NORMALISED
+from monitor.indicators import LAYER_METRICS
 
 T0, W = 1_000_000.0, 10.0
 
@@ -97,3 +99,9 @@ def test_earlier_level_is_the_median_of_minutes_at_this_load_before_the_cut() ->
     assert exp.earlier_level(key, "stall_frac", 185.0, T0 + 1800.0, 1.25) == pytest.approx(0.3)
     exp.prune(T0 + 1800.0 + 3600.0)
     assert exp.earlier_level(key, "mfu", 185.0, T0 + 7200.0, 1.25) is None
+
+
+def test_the_levels_kept_are_the_load_normalised_efficiency_columns() -> None:
+    """What a burst is compared on is what the load model normalises per layer."""
+    assert set(EFFICIENCY) == _NORMALISED
+    assert set(EFFICIENCY) <= set(LAYER_METRICS)
