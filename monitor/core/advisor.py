@@ -154,7 +154,9 @@ class Advisor:
         self, inc: Incident, stage: Stage, level: str = "pool", since: float | None = None
     ) -> list[ChangeEvent]:
         """Changes that may explain the incident, most recent first (none before `since`)."""
-        earliest, latest = inc.onset_ts - self.lookback_s, inc.onset_ts + inc.window_s
+        # Across a gap in the data the onset is anywhere in the gap: a change that landed in
+        # it may be the cause (`Incident.latest_onset`).
+        earliest, latest = inc.onset_ts - self.lookback_s, inc.latest_onset + inc.window_s
         if since is not None:
             earliest = max(earliest, since)
         lo = bisect.bisect_left(self.changes, True, key=lambda c: earliest <= c.ts)
@@ -174,14 +176,16 @@ class Advisor:
         """Whether a change landed after anything that could explain `inc` and by the first
         bad window of `p`, of a kind that fits p's stage, where p is: p then has a cause of
         its own and is not more of `inc`. Two windows after inc's onset: the onset
-        estimate's own uncertainty, within which a change may still be inc's cause.
+        estimate's own uncertainty, within which a change may still be inc's cause; from
+        the latest onset the samples allow (`latest_onset`), as a gap in the data leaves
+        a shift anywhere in it.
 
         `via`: points of p's pool showing a stage upstream of p's got worse. A change that
         degraded its own stage (a point of `via` it fits and covers, by that point's first
         bad window: a fallback began, a spill grew) causes what follows downstream of that
         stage too: an MFU drop after a kernel library's fallback has its own cause, though
         a kernel library cannot explain an execution stage by itself."""
-        lo, hi = inc.onset_ts + 2 * inc.window_s, p.onset_ts + p.window_s
+        lo, hi = inc.latest_onset + 2 * inc.window_s, p.latest_onset + p.window_s
         start = bisect.bisect_right(self._keys, (lo, "\uffff"))
         landed = []
         for c in self.changes[start:]:
@@ -192,7 +196,9 @@ class Advisor:
             landed.append(c)
         if not landed:
             return False  # `via` is not read: the common case costs one binary search
-        return any(c.ts <= e.onset_ts + e.window_s and _acts_on(c, e) for e in via for c in landed)
+        return any(
+            c.ts <= e.latest_onset + e.window_s and _acts_on(c, e) for e in via for c in landed
+        )
 
     def suggest(
         self,

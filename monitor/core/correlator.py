@@ -100,6 +100,14 @@ class ChangePoint:
     # On a pool aggregate: the devices behind it (its partition's share of the pool);
     # 0 on a device's point, or not known.
     members: int = 0
+    # The latest onset its samples allow: the start of the first shifted window seen.
+    # Later than `onset_ts` across a gap in the data, where the shift began anywhere.
+    onset_late: float = math.nan
+
+    @property
+    def latest_onset(self) -> float:
+        """The latest time the change can have begun (`onset_late`, or `onset_ts`)."""
+        return self.onset_late if self.onset_late > self.onset_ts else self.onset_ts
 
     @property
     def is_aggregate(self) -> bool:
@@ -202,6 +210,13 @@ class Incident:
         pts = self.primary_points()
         first = [p.onset_ts for p in pts if p.onset_ts - self.anchor_ts <= self.group_window_s]
         return float(median(first or [p.onset_ts for p in pts]))
+
+    @property
+    def latest_onset(self) -> float:
+        """The latest it can have begun: as `onset_ts`, over its points' `latest_onset`."""
+        pts = self.primary_points()
+        first = [p.latest_onset for p in pts if p.onset_ts - self.anchor_ts <= self.group_window_s]
+        return float(median(first or [p.latest_onset for p in pts]))
 
     @property
     def devices(self) -> set[str]:

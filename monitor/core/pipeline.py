@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -708,6 +708,7 @@ class Pipeline:
             self.stats.points[kind.name, names[col], mat] += 1
         out: list[ChangePoint] = []
         window_s = next(iter(table.devices.values())).window_s if table.devices else 10.0
+        first_bad = det.first_bad(0.0)  # the onset itself where not kept
         for i in np.flatnonzero(material):
             row = int(det.rows[i])
             metric = names[int(det.cols[i])]
@@ -742,6 +743,7 @@ class Pipeline:
                 window_s=win, row=row, partition=partition,
                 norm_before=float(norm.before[i]), norm_after=float(norm.after[i]),
                 fields=fields, members=members,
+                onset_late=max(float(det.onset_ts[i]), float(first_bad[i]) - win),
             ))  # fmt: skip
         return out
 
@@ -775,8 +777,7 @@ def _update(
         return det
     before = np.where(flip, 1.0 - det.before, det.before)
     after = np.where(flip, 1.0 - det.after, det.after)
-    return Detections(det.rows, det.cols, det.detected_ts, det.onset_ts, before, after,
-                      det.score)  # fmt: skip
+    return replace(det, before=before, after=after)
 
 
 def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
@@ -785,5 +786,4 @@ def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
     pos = order[np.searchsorted(wave_rows[order], det.rows)]
     k = expected[pos, det.cols]
     k = np.where(np.isfinite(k), k, 1.0)
-    return Detections(det.rows, det.cols, det.detected_ts, det.onset_ts, det.before * k,
-                      det.after * k, det.score)  # fmt: skip
+    return replace(det, before=det.before * k, after=det.after * k)

@@ -41,12 +41,13 @@ def alarm(det: BankCusum, cells: I64, t: F64, stat: F64) -> Detections:
     d, first = _split_point(det, cells, vals, mu, up)
     fin = np.isfinite(vals)
     onset, early = _onset(det, cells, t, times, fin, first, bank, up, jumped)
+    first_bad = times[np.arange(cells.size), first]
     post = fin & (np.arange(det.cfg.history) >= first[:, None])
     if det.cfg.spread_veto > 0:
         keep = _spread_veto(det, cells, stat, vals, post, mu, d, jumped)
         if not keep.all():
             cells, t, stat, mu = cells[keep], t[keep], stat[keep], mu[keep]
-            vals, post, onset = vals[keep], post[keep], onset[keep]
+            vals, post, onset, first_bad = vals[keep], post[keep], onset[keep], first_bad[keep]
             fin, early = fin[keep], early[keep]
             if not cells.size:
                 return Detections.empty()
@@ -71,6 +72,7 @@ def alarm(det: BankCusum, cells: I64, t: F64, stat: F64) -> Detections:
         before=before[big],
         after=after[big],
         score=stat[big] / det.cfg.h,
+        first_bad_ts=np.maximum(first_bad[big] + det._t0, onset[big] + det._t0),
     )
 
 

@@ -30,6 +30,17 @@ class Detections:
     before: F64  # level before the change (robust baseline)
     after: F64  # level after the change (mean since onset)
     score: F64  # confidence statistic, in units of the decision threshold (>= 1)
+    # When the first shifted sample was seen (its window's end): with a gap in the data
+    # between it and `onset_ts`, the shift began anywhere in the gap. None or NaN: not
+    # kept (detectors that keep no sample times), read as the window after the onset.
+    first_bad_ts: F64 | None = None
+
+    def first_bad(self, window_s: float) -> F64:
+        """`first_bad_ts`, or the end of the window after the onset where not kept."""
+        after = self.onset_ts + window_s
+        if self.first_bad_ts is None:
+            return after
+        return np.where(np.isfinite(self.first_bad_ts), self.first_bad_ts, after)
 
     @classmethod
     def empty(cls) -> Detections:
@@ -47,12 +58,19 @@ class Detections:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
+
+        def cat(f: str) -> Any:
+            return np.concatenate([getattr(p, f) for p in parts])
+
+        kept = any(p.first_bad_ts is not None for p in parts)
         return cls(
-            *(
-                np.concatenate([getattr(p, f) for p in parts])
-                for f in ("rows", "cols", "detected_ts", "onset_ts", "before", "after", "score")
-            )
-        )
+            cat("rows"), cat("cols"), cat("detected_ts"), cat("onset_ts"), cat("before"),
+            cat("after"), cat("score"),
+            first_bad_ts=np.concatenate(
+                [np.full(len(p), np.nan) if p.first_bad_ts is None else p.first_bad_ts
+                 for p in parts]
+            ) if kept else None,
+        )  # fmt: skip
 
 
 class StateShapeError(ValueError):

@@ -233,3 +233,34 @@ def test_a_change_that_degraded_its_own_stage_splits_what_follows_downstream() -
         assert {p.metric for p in joined.points} == {"sync_frac", "mfu"}
     (joined,) = _split_after("queue_depth", "train-a", "traffic_policy", "ingress")
     assert {p.metric for p in joined.points} == {"sync_frac", "mfu"}
+
+
+def test_a_shift_dated_across_a_gap_may_have_begun_anywhere_in_it() -> None:
+    """A device's data stops at T0 and comes back shifted 7 windows later: its onset is
+    dated T0 (the last window before), but the shift may have begun at any time in the
+    gap. A change that landed in the gap may be its cause (a rollback candidate), and the
+    devices found after that change are more of the same incident, not one of their own.
+    Without the gap the change came after the device's onset, and they split off."""
+    gap_end = T0 + 7 * W
+    change = _change("drv", T0 + 2.3 * W, kind="driver")
+
+    def pt(i: int, onset: float, late: float) -> ChangePoint:
+        return ChangePoint(
+            device=f"h{i}/gpu0", host=f"h{i}", pool="train-a", model="llama@v1",
+            layer="attention", metric="mfu", stage="execution", onset_ts=onset,
+            detected_ts=gap_end + 5 * W, before=0.5, after=0.42, score=3.0, window_s=W,
+            onset_late=late,
+        )  # fmt: skip
+
+    for late, incidents, rollback in ((gap_end - W, 1, "drv"), (T0, 2, None)):
+        adv = Advisor()
+        corr = Correlator()
+        corr.new_cause = adv.new_cause
+        adv.add_change(change)
+        corr.add([pt(0, T0, late)], gap_end + 5 * W)
+        assert corr.incidents[0].latest_onset == max(late, T0)
+        assert [c.id for c in adv.candidates(corr.incidents[0], "execution")] == (
+            [rollback] if rollback else []
+        )
+        corr.add([pt(i, T0 + 3 * W, T0 + 3 * W) for i in range(1, 5)], gap_end + 6 * W)
+        assert len(corr.incidents) == incidents

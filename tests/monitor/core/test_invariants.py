@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from bench.diagnose import score
@@ -42,8 +43,25 @@ def _run(msgs: list[RawMessage], chunk: int) -> list[Alert]:
     return out
 
 
+# Each example is seconds of simulation and replay: shrinking one runs past the test's
+# timeout, and a fresh draw on every CI run makes main red at random. The draws are fixed
+# (and the cases found pinned below); FLOPWATCH_EXPLORE=1 draws afresh, to look for more.
+_EXPLORE = os.environ.get("FLOPWATCH_EXPLORE") == "1"
+
+
 @pytest.mark.slow  # tens of seconds: make test-slow and CI run it
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=not _EXPLORE,
+    phases=tuple(Phase) if _EXPLORE else (Phase.explicit, Phase.generate),
+)
+# A device's onset dated across a gap in its data, before the change that caused it
+# (the shift began anywhere in the gap): it opened an incident of its own.
+@example(name="kernel_fallback", seed=24, devices=42, chunk=301)
+# Tickets on two metrics, then a page on one of them, under one id (0c2fb4e).
+@example(name="nic_slowdown", seed=472, devices=26, chunk=200)
 @given(
     name=st.sampled_from(PACK),
     seed=st.integers(0, 10**6),

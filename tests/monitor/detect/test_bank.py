@@ -743,6 +743,40 @@ def test_gaps_and_irregular_times() -> None:
     # The time ring keeps float32 seconds since its epoch: exact to well under 1/8 s.
     assert hits.onset_ts[0] == pytest.approx(last_before, abs=0.125)
     assert hits.detected_ts[0] <= ts[510]
+    first_after = ts[500:][np.isfinite(x[500:, 0, 0])][0]
+    assert hits.first_bad_ts is not None
+    assert hits.first_bad_ts[0] == pytest.approx(first_after, abs=0.125)
+
+
+def test_a_step_across_a_gap_keeps_the_gap_open() -> None:
+    """Data stops, and comes back shifted seven windows later: the onset is the last
+    window before the gap, and the first shifted sample's time says the shift may have
+    begun as late as the window before it. Without the gap the two are a window apart."""
+    rng = np.random.default_rng(3)
+    x = 50.0 + rng.standard_normal((420, 1, 1))
+    x[400:] += 12.0
+    for gap in (7, 0):
+        y = x.copy()
+        y[400 - gap : 400] = np.nan
+        hits = feed(BankCusum(1), y)
+        late = hits.detected_ts >= WINDOW * 400
+        assert late.sum() == 1
+        assert hits.onset_ts[late][0] == WINDOW * (399 - gap)
+        assert hits.first_bad_ts is not None
+        assert hits.first_bad_ts[late][0] == WINDOW * 400
+        assert hits.first_bad(WINDOW)[late][0] == WINDOW * 400
+
+
+def test_detections_without_sample_times_read_the_window_after_the_onset() -> None:
+    """A detector that keeps no sample times leaves `first_bad_ts` out: joined with one
+    that keeps them, its entries read as the window after the onset."""
+    z, one = np.zeros(1), np.ones(1, dtype=np.int64)
+    kept = Detections(one, one, z + 90, z + 40, z, z, z, first_bad_ts=z + 70)
+    bare = Detections(one, one, z + 90, z + 50, z, z, z)
+    assert bare.first_bad(WINDOW).tolist() == [60.0]
+    both = Detections.concat([kept, bare])
+    assert both.first_bad(WINDOW).tolist() == [70.0, 60.0]
+    assert Detections.concat([bare, bare]).first_bad_ts is None
 
 
 def test_forget_makes_a_fresh_stream() -> None:
