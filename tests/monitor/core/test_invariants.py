@@ -51,7 +51,7 @@ _EXPLORE = os.environ.get("FLOPWATCH_EXPLORE") == "1"
 
 @pytest.mark.slow  # tens of seconds: make test-slow and CI run it
 @settings(
-    max_examples=6,
+    max_examples=16,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=not _EXPLORE,
