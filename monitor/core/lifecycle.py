@@ -616,7 +616,12 @@ class AlertLifecycle:
         # all-to-all) follow the traffic, as in `Incident.confirmed_at`: they do not make
         # an overload a regression, whether they or the queue they come with headline it.
         up = offered_load_rose(load, moved)
-        classed = _classed(inc, support) if up else moved
+        # A queue that grew as the offered load fell is a burst's backlog draining (a
+        # slower service shows its mechanism where it queues): there too a mechanism seen
+        # on a few of the devices that queue is not why the rest queue (a stall share
+        # stepping back to its pre-burst level as the burst ends, on one device of four).
+        drains = inc.primary_metric in BACKLOG and load < 1.0 - SERVED_RISE
+        classed = _classed(inc, support, load_rose=up) if up or drains else moved
         novelty = self._load_novelty(inc) if up else 1.0
         # Queueing alone, the offered load up, and at a peak the pool never ran at: near
         # capacity a queue grows as rho / (1 - rho) and past it without bound, so no
@@ -758,14 +763,18 @@ def tolerance(metric: str, s: AlertSettings) -> float:
     return s.resolve_tolerance
 
 
-def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[ChangePoint]]
-             ) -> set[str]:  # fmt: skip
-    """What moved, as the bottleneck class reads it when the offered load rose.
+def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
+             *, load_rose: bool = True) -> set[str]:  # fmt: skip
+    """What moved, as the bottleneck class reads it when the offered load rose, or fell
+    under a backlog (`load_rose` False: a burst's backlog draining).
 
-    A collective's waits follow the traffic (`Incident.confirmed_at`). A mechanism seen on
+    A collective's waits follow the traffic when it rose (`Incident.confirmed_at`); when it
+    did not they are a mechanism on however few devices, as a collective couples its
+    members (a few members waiting longer can be all of them slowing). A mechanism seen on
     fewer than half as many devices as the incident covers (the rule that picks its
-    primary metric) cannot be why all of them queue: the load is, and that mechanism, if
-    real, is an incident of its own. One seen on the pool aggregate is pool-wide. Nor can
+    primary metric) cannot be why all of them queue: the load is (a burst, or the backlog
+    one left), and that mechanism, if real, is an incident of its own. One seen on the
+    pool aggregate is pool-wide. Nor can
     one whose median onset is more than `LEAD_WINDOWS` after the incident's: a cause
     comes first, as a change must to explain a queue (`render`).
     """
@@ -774,9 +783,10 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     return {
         metric
         for (_, metric, _), pts in support.items()
-        if metric != "sync_frac"
+        if (metric != "sync_frac" or not load_rose)
         and (
             metric in BACKLOG | LOAD_FOLLOWING
+            or (metric == "sync_frac" and not load_rose)
             or (
                 median(p.onset_ts for p in pts) <= latest
                 and (any(p.is_aggregate for p in pts) or 2 * len({p.device for p in pts}) >= n)

@@ -308,6 +308,25 @@ def test_an_efficiency_move_on_half_the_devices_is_a_mechanism() -> None:
     assert _render(_overload_with_efficiency_on(2, req_after=101.0)).bottleneck != "overload"
 
 
+def test_a_backlog_draining_after_a_burst_is_not_a_few_devices_mechanism() -> None:
+    """The offered load fell to x0.49 (a burst ended) and latency rose on four devices as
+    the backlog drained; a window later one of them stepped its stall share back to its
+    pre-burst level. That one device is not why all four wait: capacity, not a
+    `memory_locality` page (`fleet_day` tuning seed 32). A mechanism on half of them is
+    still the mechanism, and with the load flat (above) so is one on a few devices."""
+
+    def draining(k: int, req_after: float = 49.0):
+        inc = _incident(req_after, n=4)
+        inc.points += _moved("stall_frac", 0.39, 0.45, k, layer="conv", onset=T0 + W)
+        return _render(inc)
+
+    alert = draining(1)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    assert draining(2).bottleneck == "memory_locality"
+    assert draining(1, req_after=101.0).bottleneck == "memory_locality"
+
+
 def _after_bursts(inc, earlier_peak: float):
     """`_render` with the pool's request rate known: an hour at 100 per second whose bursts
     peaked at `earlier_peak`, then 180 from the incident's onset."""
