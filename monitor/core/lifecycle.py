@@ -774,25 +774,22 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     fewer than half as many devices as the incident covers (the rule that picks its
     primary metric) cannot be why all of them queue: the load is (a burst, or the backlog
     one left), and that mechanism, if real, is an incident of its own. One seen on the
-    pool aggregate is pool-wide. Nor can
-    one whose median onset is more than `LEAD_WINDOWS` after the incident's: a cause
-    comes first, as a change must to explain a queue (`render`).
+    pool aggregate is pool-wide. Nor can one whose median onset is more than
+    `LEAD_WINDOWS` after the incident's: a cause comes first, as a change must to explain
+    a queue (`render`).
     """
     n = len(inc.devices)
     latest = inc.onset_ts + LEAD_WINDOWS * inc.window_s
-    return {
-        metric
-        for (_, metric, _), pts in support.items()
-        if (metric != "sync_frac" or not load_rose)
-        and (
-            metric in BACKLOG | LOAD_FOLLOWING
-            or (metric == "sync_frac" and not load_rose)
-            or (
-                median(p.onset_ts for p in pts) <= latest
-                and (any(p.is_aggregate for p in pts) or 2 * len({p.device for p in pts}) >= n)
-            )
+
+    def counts(metric: str, pts: list[ChangePoint]) -> bool:
+        if metric == "sync_frac":
+            return not load_rose
+        return metric in BACKLOG | LOAD_FOLLOWING or (
+            median(p.onset_ts for p in pts) <= latest
+            and (any(p.is_aggregate for p in pts) or 2 * len({p.device for p in pts}) >= n)
         )
-    }
+
+    return {metric for (_, metric, _), pts in support.items() if counts(metric, pts)}
 
 
 def _reports(inc: Incident, field: int) -> bool:
