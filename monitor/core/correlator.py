@@ -207,16 +207,18 @@ class Incident:
         Only the first wave of points counts: the same regression showing again at the
         next burst joins the incident but does not move when it began.
         """
-        pts = self.primary_points()
-        first = [p.onset_ts for p in pts if p.onset_ts - self.anchor_ts <= self.group_window_s]
-        return float(median(first or [p.onset_ts for p in pts]))
+        return self._first_wave_median(lambda p: p.onset_ts)
 
     @property
     def latest_onset(self) -> float:
         """The latest it can have begun: as `onset_ts`, over its points' `latest_onset`."""
+        return self._first_wave_median(lambda p: p.latest_onset)
+
+    def _first_wave_median(self, value: Callable[[ChangePoint], float]) -> float:
+        """Median of `value` over the primary points of the first wave (all of them if none)."""
         pts = self.primary_points()
-        first = [p.latest_onset for p in pts if p.onset_ts - self.anchor_ts <= self.group_window_s]
-        return float(median(first or [p.latest_onset for p in pts]))
+        first = [value(p) for p in pts if p.onset_ts - self.anchor_ts <= self.group_window_s]
+        return float(median(first or [value(p) for p in pts]))
 
     @property
     def devices(self) -> set[str]:
