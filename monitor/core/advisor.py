@@ -172,6 +172,16 @@ class Advisor:
         ]
         return out[::-1]
 
+    def landed_on(self, p: ChangePoint, start: float, end: float) -> bool:
+        """Whether a change that could have caused `p` (`_acts_on`) landed in (start, end]."""
+        lo = bisect.bisect_right(self._keys, (start, "\uffff"))
+        for c in self.changes[lo:]:
+            if c.ts > end:
+                return False
+            if _acts_on(c, p):
+                return True
+        return False
+
     def new_cause(self, inc: Incident, p: ChangePoint, via: Iterable[ChangePoint] = ()) -> bool:
         """Whether a change landed after anything that could explain `inc` and by the first
         bad window of `p`, of a kind that fits p's stage, where p is: p then has a cause of

@@ -18,12 +18,12 @@ import numpy as np
 from monitor.arrays import F64, I64
 from monitor.config import Settings, catalog_from
 from monitor.core.advisor import Advisor
-from monitor.core.correlator import AGGREGATE, ChangePoint, Correlator, Incident
+from monitor.core.correlator import AGGREGATE, SERVED_RISE, ChangePoint, Correlator, Incident
 from monitor.core.coverage import stage_of
 from monitor.core.exposure import EFFICIENCY
 from monitor.core.fleet import REPORT_VERSION, FleetStage, Report, encode_report, page_of
 from monitor.core.lifecycle import AlertLifecycle, AlertState
-from monitor.core.load import back_to_expected
+from monitor.core.load import LOAD_SENSITIVE, back_to_expected
 from monitor.core.state import (
     STATE_VERSION,
     IncidentsSnapshot,
@@ -50,6 +50,7 @@ from monitor.core.types import DeadLetter, NormView, Output, RawMessage
 from monitor.detect import Detections, Detector
 from monitor.errors import DecodeError
 from monitor.indicators import (
+    BAD_DIRECTION,
     COMPLEMENT,
     DEVICE_METRICS,
     LAYER_METRICS,
@@ -454,6 +455,7 @@ class Pipeline:
             return
         for kind in STREAM_KINDS:
             st.detectors[kind.name].forget(released.rows_of(kind))
+            st.excursions.forget(kind.name, released.rows_of(kind))
         for adjuster in st.adjusters.values():
             if adjuster is not None:  # every kind's load models are per group
                 adjuster.forget(released.groups)
@@ -680,7 +682,10 @@ class Pipeline:
                 continue
             levels = det if scale is None else _rescale(det, rows[wave], scale)
             part, adjusted = view.partition, scale is not None
-            found.extend(self._points(st.table, levels, det, part, kind, adjusted=adjusted))
+            since = None
+            if adjusted:
+                since = self._returns(st, kind, det, rows[wave], load[wave])
+            found.extend(self._points(st.table, levels, det, part, kind, since=since))
         for outcome, n in detector.drain_stats().items():
             if n:
                 self.stats.alarms[kind.name, outcome] += n
@@ -689,11 +694,34 @@ class Pipeline:
                 self.stats.warm_starts[kind.name, outcome] += n
         return found
 
+    def _returns(
+        self, st: PartitionState, kind: StreamKind, norm: Detections, wave_rows: I64, load: F64
+    ) -> F64:
+        """Per detection of a load-normalised wave: the onset of the excursion it is the
+        return from (`core.excursions`), NaN where it is none."""
+        names = kind.columns
+        sign = np.array(
+            [BAD_DIRECTION.get(names[c], 0) if names[c] in LOAD_SENSITIVE else 0
+             for c in norm.cols.tolist()], dtype=np.float64,
+        )  # fmt: skip
+        order = np.argsort(wave_rows)
+        pos = order[np.searchsorted(wave_rows[order], norm.rows)]
+        rel = self._floors[names][1][norm.cols]
+        return st.excursions.returns(
+            kind.name, norm.rows, norm.cols, norm.before, norm.after, sign, load[pos],
+            norm.onset_ts, rel, SERVED_RISE,
+        )  # fmt: skip
+
     def _points(
         self, table: StreamTable, det: Detections, norm: Detections, partition: int,
-        kind: StreamKind, *, adjusted: bool = False,
+        kind: StreamKind, *, since: F64 | None = None,
     ) -> list[ChangePoint]:  # fmt: skip
-        """Change points with metadata; `det` in metric units, `norm` in the detector's."""
+        """Change points with metadata; `det` in metric units, `norm` in the detector's.
+
+        `since` (load-normalised kinds): per detection, the onset of the excursion it
+        returns from (NaN: none); such a return is no regression unless a change that
+        could cause it landed during the excursion."""
+        adjusted = since is not None
         names = kind.columns
         floor_abs, floor_rel = self._floors[names]
         floor, rel = floor_abs[det.cols], floor_rel[det.cols]
@@ -704,8 +732,6 @@ class Pipeline:
         if adjusted:
             metrics = [names[c] for c in det.cols.tolist()]
             material &= ~back_to_expected(metrics, det.before, det.after, norm.after, rel)
-        for col, mat in zip(det.cols.tolist(), material.tolist(), strict=True):
-            self.stats.points[kind.name, names[col], mat] += 1
         out: list[ChangePoint] = []
         window_s = next(iter(table.devices.values())).window_s if table.devices else 10.0
         first_bad = det.first_bad(0.0)  # the onset itself where not kept
@@ -735,7 +761,7 @@ class Pipeline:
                 known = table.fields_of(device)
                 fields = -1 if known is None else known
                 members = 0
-            out.append(ChangePoint(
+            p = ChangePoint(
                 device=device, host=host, pool=pool, model=model, layer=layer, metric=metric,
                 stage=stage_of(metric, layer, STAGE_OF[metric]), onset_ts=float(det.onset_ts[i]),
                 detected_ts=float(det.detected_ts[i]), before=float(det.before[i]),
@@ -744,7 +770,16 @@ class Pipeline:
                 norm_before=float(norm.before[i]), norm_after=float(norm.after[i]),
                 fields=fields, members=members,
                 onset_late=max(float(det.onset_ts[i]), float(first_bad[i]) - win),
-            ))  # fmt: skip
+            )  # fmt: skip
+            # A return to the level left when the load went away, unless a change that
+            # could cause it landed since it went away.
+            left = np.nan if since is None else float(since[i])
+            if np.isfinite(left) and not self.advisor.landed_on(p, left, p.latest_onset + win):
+                material[i] = False
+                continue
+            out.append(p)
+        for col, mat in zip(det.cols.tolist(), material.tolist(), strict=True):
+            self.stats.points[kind.name, names[col], mat] += 1
         return out
 
 

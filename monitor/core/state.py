@@ -19,6 +19,7 @@ import msgspec
 
 from monitor.config import Settings
 from monitor.core.correlator import ChangePoint, Incident, IncidentStatus
+from monitor.core.excursions import Excursions
 from monitor.core.levels import GroupLevels
 from monitor.core.lifecycle import AlertState
 from monitor.core.load import LoadAdjuster
@@ -39,6 +40,7 @@ class PartitionState:
     detectors: dict[str, Detector]  # by stream kind (`STREAM_KINDS`)
     adjusters: dict[str, LoadAdjuster | None]  # by stream kind; None: load-blind
     expired_at: float = 0.0
+    excursions: Excursions = field(default_factory=Excursions)
     # Not checkpointed: a view of the newest window for /metrics, refilled by the next one.
     levels: GroupLevels = field(default_factory=GroupLevels)
 
@@ -181,6 +183,9 @@ class PartitionSnapshot(msgspec.Struct, frozen=True):
     partition_ts: float | None
     incidents: list[IncidentRecord]  # the open incidents this partition owns
     alerts: dict[str, AlertState]  # their alert state, by alert id
+    # Each load-normalised stream's level left at its last step the good way
+    # (`core.excursions`); absent from checkpoints written before it was kept.
+    excursions: list[tuple[str, int, int, float, float, float, float]] = []
 
 
 class IncidentsSnapshot(msgspec.Struct, frozen=True):
@@ -257,6 +262,7 @@ def snapshot_partition(
             partition_ts,
             incident_records(owned),
             {i.alert_id: alerts[i.alert_id] for i in owned if i.alert_id in alerts},
+            st.excursions.snapshot(),
         )
     )
 
@@ -282,5 +288,7 @@ def restore_partition(
         if adjuster is not None and kind.name in snap.adjusters:
             adjuster.restore(snap.adjusters[kind.name])
     table = _table(settings, catalog, snap.table)
-    st = PartitionState(table, detectors, adjusters, snap.expired_at)
+    st = PartitionState(
+        table, detectors, adjusters, snap.expired_at, Excursions.restore(snap.excursions)
+    )
     return st, snap, outcomes

@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from monitor.config import DetectorSettings, LimitSettings, Settings
 from monitor.core.pipeline import Pipeline
+from monitor.core.stream_table import STREAM_KINDS
 from monitor.core.types import RawMessage
 from monitor.daemon.prometheus import _state_bytes
+from monitor.detect import Detections
 from monitor.detect.bank_state import state_arrays
+from monitor.indicators import LAYER_METRICS
 
 
 def _run(batches, settings: Settings | None = None):
@@ -472,3 +475,42 @@ def test_a_new_versions_pool_aggregate_shows_its_failures_from_the_deploy() -> N
               if e.is_aggregate and e.metric == "error_rate"]  # fmt: skip
     assert onsets
     assert min(abs(t - (T0 + 10.0 * (deploy - 1))) for t in onsets) <= 20.0
+
+
+def test_a_stream_back_from_a_burst_is_no_regression_unless_a_change_landed() -> None:
+    """A load-normalised stall share that stepped the good way at a burst's load and steps
+    back, at calm load, to within the floor of where it was is a return (no change point,
+    counted immaterial); the same step back is a change point when a change that can cause
+    it (a driver, on the pool) landed while the stream was away."""
+    burst, calm = np.array([[397.0, 36_600.0]]), np.array([[240.0, 22_000.0]])
+    ingress = {"req_rate": 22_000.0, "queue_depth": 2, "queue_wait_ms": 10.0, "batch": 240}
+    p = Pipeline(Settings())
+    for w in range(5):
+        p.process([msg(window(f"h0/gpu{i}", T0 + 10.0 * w, pool="serve", ingress=ingress))
+                   for i in range(4)])  # fmt: skip
+    st = p.partitions[0]
+    kind = next(k for k in STREAM_KINDS if k.name == "layer")
+    row = next(
+        r for r in range(len(st.table.layer_index))
+        if st.table.device_of_layer_row(r) == ("h0/gpu0", "attention")
+    )  # fmt: skip
+    col = LAYER_METRICS.index("stall_frac")
+
+    def points(before: float, after: float, load: np.ndarray, onset: float) -> list:
+        a = np.array
+        det = Detections(a([row]), a([col]), a([onset + 30.0]), a([onset]), a([before]),
+                         a([after]), a([1.5]))  # fmt: skip
+        since = p._returns(st, kind, det, a([row]), load)
+        return p._points(st.table, det, det, 0, kind, since=since)
+
+    assert len(points(0.30, 0.20, burst, T0 + 1000.0)) == 1  # the good way: a point
+    immaterial = p.stats.points["layer", "stall_frac", False]
+    assert points(0.20, 0.31, calm, T0 + 1300.0) == []
+    assert p.stats.points["layer", "stall_frac", False] == immaterial + 1
+    assert len(points(0.20, 0.31, calm, T0 + 1600.0)) == 1  # no step away before it
+    points(0.30, 0.20, burst, T0 + 2000.0)
+    p.process([msg({"v": 1, "ts": T0 + 2100.0, "id": "chg-9", "kind": "driver",
+                    "scope": {"pool": "serve"}, "from": "550", "to": "555"},
+                   topic="flopwatch.changes")])  # fmt: skip
+    [back] = points(0.20, 0.31, calm, T0 + 2300.0)
+    assert (back.metric, back.after) == ("stall_frac", 0.31)

@@ -8,6 +8,7 @@ from factories import fleet, keys_by_row
 
 from monitor.config import Settings
 from monitor.core.correlator import Incident
+from monitor.core.excursions import Excursions
 from monitor.core.lifecycle import AlertState
 from monitor.core.pipeline import Pipeline
 from monitor.core.state import (
@@ -111,3 +112,21 @@ def test_restored_incidents_of_other_partitions_are_handed_over() -> None:
     assert p.keep_incidents_of({0}) == []
     assert p.keep_incidents_of({1, 2}) == [aid]
     assert not p.correlator.incidents
+
+
+def test_excursions_travel_with_the_partition_and_old_checkpoints_read_none() -> None:
+    """The levels streams left at a step the good way (`core.excursions`) come back with
+    their partition; a payload written before they were kept restores with none."""
+    p, _, _ = _run(fleet(20, devices=8))
+    st = p.partitions[0]
+    st.excursions = Excursions.restore([("layer", 3, 1, 1.03, 397.0, 36_600.0, 1000.0)])
+    q = Pipeline(Settings())
+    q.restore_partition(0, p.snapshot_partition(0))
+    assert q.partitions[0].excursions.snapshot() == [("layer", 3, 1, 1.03, 397.0, 36_600.0, 1000.0)]
+    snap = decode(p.snapshot_partition(0), PartitionSnapshot)
+    old = msgspec.msgpack.encode(
+        {f: getattr(snap, f) for f in snap.__struct_fields__ if f != "excursions"}
+    )
+    r = Pipeline(Settings())
+    r.restore_partition(0, old)
+    assert len(r.partitions[0].excursions) == 0
