@@ -493,21 +493,11 @@ class Pipeline:
                 continue
             by_part: dict[int, set[int]] = {}
             members = (inc, *inc.children)
-            points = [p for m in members for p in m.primary_points()]
-            # A regression (ticket or page) holds every partition's copy of its groups, not
-            # only those whose devices were found so far: the pool's devices not yet found
-            # would otherwise learn the regressed level as normal and never show it. An
-            # `info` record is no regression (a capacity record, a move the load explains):
-            # holding its whole pool would stop the models learning the very response to
-            # load it was explained by, so only its found devices' partitions hold.
-            parts = (
-                set(self.partitions)
-                if alert.severity != "info"
-                else {p.partition for p in points if p.partition in self.partitions}
-            )
-            keys = {(p.pool, p.model, p.layer) for p in points}
-            for part in parts:
-                st = self.partitions[part]
+            keys = {(p.pool, p.model, p.layer) for m in members for p in m.primary_points()}
+            # Every partition's copy of the group holds, not only those whose devices were
+            # found so far: the pool's devices not yet found would otherwise learn the
+            # regressed level as normal and never show it.
+            for part, st in self.partitions.items():
                 for pool, model, layer in keys:
                     # A device-level metric: both device-level families of its pool
                     # (per-layer and `all`-only devices) hold, whichever its device is in.
