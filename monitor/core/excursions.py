@@ -6,8 +6,10 @@ goes. The step back is the bad way when the step away was the good way (a stall 
 the model over-predicts at the burst's load), and it can also land a little off the
 ratio the stream had before, because the model learnt from the burst's samples too.
 A step the bad way that takes a stream back to the level it left at its last step the
-good way, found at another load than that step was, is that return, not a regression:
-the stream compares with its own history.
+good way, nearer the model's expectation than it was, found at another load than that
+step was, is that return, not a regression: the stream compares with its own history.
+A burst's rise from a calm level the model fits moves the ratio away from 1 and is no
+return, however like the last burst's it is.
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ class Excursions:
             left = self._left.pop(key, None)
             if left is None or not np.isfinite(left.level) or left.level == 0:
                 continue
+            # Back to its own level, and nearer the expectation (a ratio of 1) than it
+            # was: the excursion was the departure from the model, and a return shrinks
+            # it. A burst's rise from a calm level the model fits moves away from 1.
             back = abs(after[i] - left.level) < floor_rel[i] * abs(left.level)
-            if back and _moved((left.batch, left.rate), load[i, :2], load_rel):
+            nearer = abs(after[i] - 1.0) < abs(before[i] - 1.0)
+            if back and nearer and _moved((left.batch, left.rate), load[i, :2], load_rel):
                 out[i] = left.onset_ts
         return out
 

@@ -503,14 +503,14 @@ def test_a_stream_back_from_a_burst_is_no_regression_unless_a_change_landed() ->
         since = p._returns(st, kind, det, a([row]), load)
         return p._points(st.table, det, det, 0, kind, since=since)
 
-    assert len(points(0.30, 0.20, burst, T0 + 1000.0)) == 1  # the good way: a point
+    assert len(points(1.03, 0.56, burst, T0 + 1000.0)) == 1  # the good way: a point
     immaterial = p.stats.points["layer", "stall_frac", False]
-    assert points(0.20, 0.31, calm, T0 + 1300.0) == []
+    assert points(0.56, 1.07, calm, T0 + 1300.0) == []
     assert p.stats.points["layer", "stall_frac", False] == immaterial + 1
-    assert len(points(0.20, 0.31, calm, T0 + 1600.0)) == 1  # no step away before it
-    points(0.30, 0.20, burst, T0 + 2000.0)
+    assert len(points(0.56, 1.07, calm, T0 + 1600.0)) == 1  # no step away before it
+    points(1.03, 0.56, burst, T0 + 2000.0)
     p.process([msg({"v": 1, "ts": T0 + 2100.0, "id": "chg-9", "kind": "driver",
                     "scope": {"pool": "serve"}, "from": "550", "to": "555"},
                    topic="flopwatch.changes")])  # fmt: skip
-    [back] = points(0.20, 0.31, calm, T0 + 2300.0)
-    assert (back.metric, back.after) == ("stall_frac", 0.31)
+    [back] = points(0.56, 1.07, calm, T0 + 2300.0)
+    assert (back.metric, back.after) == ("stall_frac", 1.07)
