@@ -11,7 +11,7 @@ the change passed, `exposure`). It never proposes a change that landed after tha
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Incident
@@ -172,15 +172,17 @@ class Advisor:
         ]
         return out[::-1]
 
-    def landed_on(self, p: ChangePoint, start: float, end: float) -> bool:
-        """Whether a change that could have caused `p` (`_acts_on`) landed in (start, end]."""
+    def _between(self, start: float, end: float) -> Iterator[ChangeEvent]:
+        """The changes that landed in (start, end], in time order."""
         lo = bisect.bisect_right(self._keys, (start, "\uffff"))
         for c in self.changes[lo:]:
             if c.ts > end:
-                return False
-            if _acts_on(c, p):
-                return True
-        return False
+                return
+            yield c
+
+    def landed_on(self, p: ChangePoint, start: float, end: float) -> bool:
+        """Whether a change that could have caused `p` (`_acts_on`) landed in (start, end]."""
+        return any(_acts_on(c, p) for c in self._between(start, end))
 
     def new_cause(self, inc: Incident, p: ChangePoint, via: Iterable[ChangePoint] = ()) -> bool:
         """Whether a change landed after anything that could explain `inc` and by the first
@@ -196,11 +198,8 @@ class Advisor:
         stage too: an MFU drop after a kernel library's fallback has its own cause, though
         a kernel library cannot explain an execution stage by itself."""
         lo, hi = inc.latest_onset + 2 * inc.window_s, p.latest_onset + p.window_s
-        start = bisect.bisect_right(self._keys, (lo, "\uffff"))
         landed = []
-        for c in self.changes[start:]:
-            if c.ts > hi:
-                break
+        for c in self._between(lo, hi):
             if _acts_on(c, p):
                 return True
             landed.append(c)
