@@ -704,8 +704,7 @@ class Pipeline:
             [BAD_DIRECTION.get(names[c], 0) if names[c] in LOAD_SENSITIVE else 0
              for c in norm.cols.tolist()], dtype=np.float64,
         )  # fmt: skip
-        order = np.argsort(wave_rows)
-        pos = order[np.searchsorted(wave_rows[order], norm.rows)]
+        pos = _wave_pos(wave_rows, norm.rows)
         rel = self._floors[names][1][norm.cols]
         return st.excursions.returns(
             kind.name, norm.rows, norm.cols, norm.before, norm.after, sign, load[pos],
@@ -815,10 +814,15 @@ def _update(
     return replace(det, before=before, after=after)
 
 
+def _wave_pos(wave_rows: I64, rows: I64) -> I64:
+    """Each of `rows`' position in a wave (a wave's rows are unique)."""
+    order = np.argsort(wave_rows)
+    pos: I64 = order[np.searchsorted(wave_rows[order], rows)]
+    return pos
+
+
 def _rescale(det: Detections, wave_rows: I64, expected: F64) -> Detections:
     """Ratios back to levels at the current load, so alerts speak in MFU, not ratios."""
-    order = np.argsort(wave_rows)
-    pos = order[np.searchsorted(wave_rows[order], det.rows)]
-    k = expected[pos, det.cols]
+    k = expected[_wave_pos(wave_rows, det.rows), det.cols]
     k = np.where(np.isfinite(k), k, 1.0)
     return replace(det, before=det.before * k, after=det.after * k)
