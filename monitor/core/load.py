@@ -14,6 +14,8 @@ the model's extrapolation error, so it is withheld (NaN) while the model learns
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from monitor.arrays import F64, I64, Bools
@@ -105,7 +107,9 @@ class LoadAdjuster:
         # The usual wave: every value measured, no group frozen. Its (group, column) models
         # share their rows, and the grid form sums each group's rows once for all of them.
         if groups.size and self._model.complete(groups, c, feats, y):
-            support, exp = self._model.learn_grid(groups, c, feats, y, support=want_support)
+            support, exp = self._model.learn_grid(
+                groups, c, feats, y, support=want_support, trust=self.min_support
+            )
             novel = self._withhold(support, exp)
             self._gate(ratios, None if novel is None else np.asarray(novel.any(axis=1)))
             return self._ratios(ratios, expected, y, exp)
@@ -117,7 +121,8 @@ class LoadAdjuster:
             ids = self._ids(groups)[row, slot]
             f = feats[row]
             support = self._model.support(ids, f) if want_support else None
-            exp_ok = self._model.update(ids, f, y[row, slot])
+            novel_load = None if support is None else support < self.min_support
+            exp_ok = self._model.update(ids, f, y[row, slot], unclipped=novel_load)
             novel = self._withhold(support, exp_ok)
             exp[row, slot] = exp_ok
             if novel is not None:
@@ -157,13 +162,17 @@ class LoadAdjuster:
         expected[:, self._cols] = exp
         return ratios, expected
 
-    def hold(self, groups: I64, *, hold: bool) -> None:
-        """Stop (or resume) learning for these groups in every column's model."""
+    def hold(self, groups: I64, *, hold: bool, metrics: Iterable[str] | None = None) -> None:
+        """Stop (or resume) learning for these groups in the models of `metrics` (every
+        load-driven column's where None; columns not load-driven have none)."""
         groups = np.asarray(groups, dtype=np.int64)
         if self._cols.size == 0 or groups.size == 0:
             return
-        ids = self._ids(groups).reshape(-1)
-        (self._model.freeze if hold else self._model.thaw)(ids)
+        ids = self._ids(groups)
+        if metrics is not None:
+            want = {self.columns.index(m) for m in metrics if m in self.columns}
+            ids = ids[:, [j for j, c in enumerate(self._cols.tolist()) if c in want]]
+        (self._model.freeze if hold else self._model.thaw)(ids.reshape(-1))
 
     def inherit(self, src: I64, dst: I64) -> None:
         """New groups `dst` start from what groups `src` learned (every column's model)."""

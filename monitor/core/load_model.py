@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from monitor.arrays import F64, I64
+from monitor.arrays import F64, I64, Bools
 from monitor.detect import _blob
 
 _ABS_TO_SIGMA = 1.2533  # sigma / E|r| for Gaussian residuals
@@ -214,11 +214,15 @@ class LoadModel:
         groups = np.asarray(groups, dtype=np.int64)
         self._frozen[groups[groups < self._cap]] = False
 
-    def update(self, groups: I64, features: F64, y: F64, weight: F64 | None = None) -> F64:
+    def update(
+        self, groups: I64, features: F64, y: F64, weight: F64 | None = None,
+        unclipped: Bools | None = None,
+    ) -> F64:  # fmt: skip
         """Expected y for each sample (before learning from it), then learn from the call.
 
         A group may occur many times in one call. Samples with NaN y or features, weight
-        0, or a frozen group are predicted but not learned from.
+        0, or a frozen group are predicted but not learned from. `unclipped` samples are
+        learned from at full residual (`learn_grid`'s `trust`).
         """
         groups = np.asarray(groups, dtype=np.int64)
         n = groups.size
@@ -231,12 +235,13 @@ class LoadModel:
         expected = self._predict(groups, x)
         y = np.asarray(y, dtype=np.float64).reshape(n)
         w = np.ones(n) if weight is None else np.asarray(weight, dtype=np.float64).reshape(n)
+        free = np.zeros(n, dtype=bool) if unclipped is None else np.asarray(unclipped, dtype=bool)
         ok = np.isfinite(y) & np.isfinite(x).all(axis=1) & np.isfinite(w) & (w > 0)
         ok &= ~self._frozen[groups]
         if not ok.all():  # the usual call learns from every sample: no copies then
             if not ok.any():
                 return expected
-            groups, x, y, w = groups[ok], x[ok], y[ok], w[ok]
+            groups, x, y, w, free = groups[ok], x[ok], y[ok], w[ok], free[ok]
         g = groups
         raw = np.einsum("np,np->n", x, self._theta[g])
         resid = y - raw
@@ -245,7 +250,7 @@ class LoadModel:
         bound = self.clip * self._rabs[g] * _ABS_TO_SIGMA
         warm = (self._seen[g] >= self.warmup) & (bound > 0)
         resid = np.where(warm, np.clip(resid, -bound, bound), resid)
-        y_eff = raw + resid
+        y_eff = np.where(free, y, raw + resid)
 
         touched, _, counts = _segments(g, self._cap)
         order = _stable_order(g, self._cap)
@@ -287,9 +292,15 @@ class LoadModel:
         return bool(np.isfinite(y).all() and np.isfinite(features).all() and not frozen.any())
 
     def learn_grid(
-        self, groups: I64, stride: int, features: F64, y: F64, *, support: bool
-    ) -> tuple[F64 | None, F64]:
+        self, groups: I64, stride: int, features: F64, y: F64, *, support: bool,
+        trust: float = 0.0,
+    ) -> tuple[F64 | None, F64]:  # fmt: skip
         """(support, expected) per sample of a complete grid, then learn from it.
+
+        Samples whose support is under `trust` (needs `support`) are learned from at full
+        residual: there the residual is the model's ignorance of that load, not the
+        device's, and clipping it would leave the model wrong at that load for as long
+        as its memory (a pool's first burst read as a shift on every device).
 
         The grid must pass `complete` and hold at least one row. Sample (r, c) is model
         ``groups[r] * stride + c`` at design row r. The numbers are those of `support` and
@@ -323,6 +334,8 @@ class LoadModel:
         warm = (seen >= self.warmup) & (bound > 0)
         resid = np.where(warm, np.clip(resid, -bound, bound), resid)
         y_eff = raw + resid
+        if sup is not None and trust > 0:
+            y_eff = np.where(sup < trust, y, y_eff)
         # Rows grouped by group, one contiguous row per feature or column (`update`).
         xs = np.ascontiguousarray(x[order].T)
         gram = np.add.reduceat((xs[:, None, :] * xs[None, :, :]).reshape(p * p, -1), starts, axis=1)

@@ -480,35 +480,37 @@ class Pipeline:
         self.advisor.prune(now)
 
     def _hold_load_models(self, alerts: list[Alert]) -> None:
-        """Freeze the load models of groups with a firing incident, in every partition;
-        thaw them on resolve.
+        """Freeze the load models of the metrics an incident regressed, in its groups, in
+        every partition, while it fires; thaw them on resolve.
 
         The one deliberate feedback edge from alerts back to detection: otherwise the
         expectation slowly learns the regressed level as "normal for this load", the
-        ratio drifts back to 1 and the incident looks fixed when it is not.
+        ratio drifts back to 1 and the incident looks fixed when it is not. Only the
+        incident's own metrics hold: a frozen model judges against the time before the
+        incident, and the group's other metrics, frozen with them, would go stale for as
+        long as it fires (hours) and page on the load moving away from it.
         """
         for alert in alerts:
             inc = next((i for i in self.correlator.incidents if i.alert_id == alert.id), None)
             if inc is None:
                 continue
-            by_part: dict[int, set[int]] = {}
             members = (inc, *inc.children)
-            keys = {(p.pool, p.model, p.layer) for m in members for p in m.primary_points()}
+            keys: dict[tuple[str | None, str | None, str | None], set[str]] = {}
+            for p in (q for m in members for q in m.primary_points()):
+                keys.setdefault((p.pool, p.model, p.layer), set()).add(p.metric)
             # Every partition's copy of the group holds, not only those whose devices were
             # found so far: the pool's devices not yet found would otherwise learn the
             # regressed level as normal and never show it.
-            for part, st in self.partitions.items():
-                for pool, model, layer in keys:
+            for st in self.partitions.values():
+                for (pool, model, layer), metrics in keys.items():
                     # A device-level metric: both device-level families of its pool
                     # (per-layer and `all`-only devices) hold, whichever its device is in.
-                    for lay in (layer,) if layer else DEVICE_GROUPS:
-                        found = st.table.gids_of(pool, model, lay)
-                        by_part.setdefault(part, set()).update(found)
-            for part, gids in by_part.items():
-                arr = np.array(sorted(gids), dtype=np.int64)
-                for adjuster in self.partitions[part].adjusters.values():
-                    if adjuster is not None:
-                        adjuster.hold(arr, hold=alert.status == "firing")
+                    gids = [st.table.gids_of(pool, model, lay)
+                            for lay in ((layer,) if layer else DEVICE_GROUPS)]  # fmt: skip
+                    arr = np.array(sorted(set().union(*gids)), dtype=np.int64)
+                    for adjuster in st.adjusters.values():
+                        if adjuster is not None:
+                            adjuster.hold(arr, hold=alert.status == "firing", metrics=metrics)
 
     # -- checkpoints and hand-over (the payloads: `core.state`) -------------------------
     def snapshot_partition(self, partition: int) -> bytes:
