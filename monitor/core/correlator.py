@@ -758,8 +758,19 @@ class Correlator:
                 for q in sources.get(p.pool, ())
             )
             if not explained and (p.device, p.onset_ts) not in homed:
-                # Known for a cooling fault once judged, not when the rise was found.
-                out.append(replace(p, detected_ts=p.detected_ts + lead * p.window_s))
+                # Heat climbs over the cooling's time constant, found in steps: the level
+                # before is the device's before the climb's first step within a grouping
+                # window, whatever explained that step (the share of cooling lost is judged
+                # on the whole climb, `lifecycle.heat_severity`). Known for a cooling fault
+                # once judged, not when the rise was found.
+                start = min(
+                    (q.before for q in heat.get(p.pool, ())
+                     if q.device == p.device and lo <= q.onset_ts <= p.onset_ts),
+                    default=p.before,
+                )  # fmt: skip
+                out.append(replace(
+                    p, before=min(start, p.before), detected_ts=p.detected_ts + lead * p.window_s
+                ))  # fmt: skip
         return out
 
     def _home(self, p: ChangePoint, pool_size: int) -> Incident:

@@ -656,3 +656,26 @@ def test_heat_no_more_than_the_work_served_brings_is_no_cooling_ticket() -> None
     burst = render(1.5)
     assert (burst.metric, burst.severity) == ("temp_c", "info")
     assert "served x1.50 the requests" in burst.summary
+
+
+def test_a_cooling_fault_is_judged_on_its_whole_climb() -> None:
+    """A die climbs in steps over its cooling's time constant. Its first step fell within
+    a grouping window of a burst (explained, so no incident); the next, past that window,
+    is heat nothing explains. The cooling lost is judged from the level before the climb's
+    first step (50 °C, a ticket's worth at 69 °C), not from the last step's own before
+    (64 °C: 7 %, an info record), as a climb first found late by its detector would be."""
+    sizes = {(POOL, MODEL): 8}
+    steps = [(50.0, 60.0, 25), (64.0, 69.0, 32)]
+    corr = Correlator()
+    corr.add([_pt("h1/gpu0", "req_rate", 100.0, 150.0, T0)], T0 + 2 * W, sizes)
+    for before, after, at in steps:
+        heat = dataclasses.replace(
+            _pt("h0/gpu0", "temp_c", before, after, T0 + at * W), fields=BIT["power_w"]
+        )
+        corr.add([heat], T0 + (at + 2) * W, sizes)
+        corr.add([], T0 + (at + 2 + LEAD_WINDOWS) * W, sizes)
+    (inc,) = corr.incidents
+    assert [(p.before, p.after) for p in inc.points] == [(50.0, 69.0)]
+    assert inc.onset_ts == T0 + 32 * W
+    alert = AlertLifecycle(AlertSettings(), Advisor()).render(inc, T0 + 40 * W, 8, "firing")
+    assert (alert.metric, alert.severity) == ("temp_c", "ticket")
