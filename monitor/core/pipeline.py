@@ -508,9 +508,12 @@ class Pipeline:
                     gids = [st.table.gids_of(pool, model, lay)
                             for lay in ((layer,) if layer else DEVICE_GROUPS)]  # fmt: skip
                     arr = np.array(sorted(set().union(*gids)), dtype=np.int64)
+                    # A resolve thaws the whole group: a checkpoint from a version that
+                    # froze every column would otherwise keep the others frozen for good.
+                    firing = alert.status == "firing"
                     for adjuster in st.adjusters.values():
                         if adjuster is not None:
-                            adjuster.hold(arr, hold=alert.status == "firing", metrics=metrics)
+                            adjuster.hold(arr, hold=firing, metrics=metrics if firing else None)
 
     # -- checkpoints and hand-over (the payloads: `core.state`) -------------------------
     def snapshot_partition(self, partition: int) -> bytes:
