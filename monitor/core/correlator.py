@@ -764,13 +764,10 @@ class Correlator:
                 # on the whole climb, `lifecycle.heat_severity`). Known for a cooling fault
                 # once judged, not when the rise was found.
                 start = min(
-                    (q.before for q in heat.get(p.pool, ())
-                     if q.device == p.device and lo <= q.onset_ts <= p.onset_ts),
-                    default=p.before,
+                    q.before for q in (p, *heat.get(p.pool, ()))
+                    if q.device == p.device and lo <= q.onset_ts <= p.onset_ts
                 )  # fmt: skip
-                out.append(replace(
-                    p, before=min(start, p.before), detected_ts=p.detected_ts + lead * p.window_s
-                ))  # fmt: skip
+                out.append(replace(p, before=start, detected_ts=p.detected_ts + lead * p.window_s))
         return out
 
     def _home(self, p: ChangePoint, pool_size: int) -> Incident:
