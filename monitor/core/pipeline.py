@@ -494,6 +494,9 @@ class Pipeline:
             inc = next((i for i in self.correlator.incidents if i.alert_id == alert.id), None)
             if inc is None:
                 continue
+            # A resolve thaws the whole group: a checkpoint from a version that froze every
+            # column would otherwise keep the others frozen for good.
+            firing = alert.status == "firing"
             members = (inc, *inc.children)
             keys: dict[tuple[str | None, str | None, str | None], set[str]] = {}
             for p in (q for m in members for q in m.primary_points()):
@@ -508,9 +511,6 @@ class Pipeline:
                     gids = [st.table.gids_of(pool, model, lay)
                             for lay in ((layer,) if layer else DEVICE_GROUPS)]  # fmt: skip
                     arr = np.array(sorted(set().union(*gids)), dtype=np.int64)
-                    # A resolve thaws the whole group: a checkpoint from a version that
-                    # froze every column would otherwise keep the others frozen for good.
-                    firing = alert.status == "firing"
                     for adjuster in st.adjusters.values():
                         if adjuster is not None:
                             adjuster.hold(arr, hold=firing, metrics=metrics if firing else None)
