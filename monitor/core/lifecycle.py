@@ -115,6 +115,9 @@ class AlertState:
     # The members its records named as throttling (`Incident.stragglers`), sorted: what
     # on-call was told, though the incident's median onset and waiting share move on.
     stragglers: list[str] = field(default_factory=list)
+    # A cooling fault's devices whose clock stepped down after its record (`_escalate`),
+    # sorted: heat and the clock now agree, so work is lost and the record pages.
+    throttled: list[str] = field(default_factory=list)
 
 
 class AlertLifecycle:
@@ -205,9 +208,11 @@ class AlertLifecycle:
                     # Its job's throttling member is a fault that is sure but settling:
                     # judged after that fault's page, it is seen to be its consequence.
                     continue
-                if self._consequence_of(inc, incidents) is not None:
+                hw = self._consequence_of(inc, incidents)
+                if hw is not None:
                     # One mechanism, one page: an open page already shows what moved here
                     # again (its devices serving slower: their queue, the pool's latency).
+                    self._escalate(hw, inc)
                     inc.status, inc.resolved_ts = "resolved", now_ts
                     continue
                 inc.detected_ts = sure
@@ -333,6 +338,23 @@ class AlertLifecycle:
             if any(shown.shows_mechanism(p) for pts in mine.values() for p in pts):
                 return hw
         return None
+
+    def _escalate(self, hw: Incident, inc: Incident) -> None:
+        """Note the devices of cooling fault `hw` whose clock `inc` saw step down.
+
+        A cooling fault is a ticket while its clock holds (`heat_severity`): no work is
+        lost yet. Its devices throttling later is that fault going on, not a new one, so
+        it pages under its own id (`_held`), with the heat and the clock now agreeing
+        as they do for a throttle found at once (`_hardware_fault`).
+        """
+        if hw.primary_metric not in HEAT or hw.children:
+            return
+        devices = {
+            p.device for p in _throttled(inc) if p.device in hw.devices or p.host in hw.hosts
+        }
+        sent = self.state(hw)
+        if devices - set(sent.throttled):
+            sent.throttled = sorted({*sent.throttled, *devices})
 
     def _not_ours(self, inc: Incident) -> bool:
         """An incident of one pool, in the fleet stage (its replica sends that alert)."""
@@ -980,8 +1002,17 @@ def _held(alert: Alert, sent: AlertState) -> Alert:
     again, one incident paging twice while nothing recovered. A view that grew to a
     host, or a throttling member that left the job's waiting share, is no recovery; only
     resolution ends a page. A capacity record (`overload`) is the exception: it says the
-    page was load, not a regression, and must read so.
+    page was load, not a regression, and must read so. A cooling fault whose devices'
+    clock stepped down since (`AlertLifecycle._escalate`) pages.
     """
+    if sent.throttled and alert.severity != "page" and alert.bottleneck != "overload":
+        alert = msgspec.structs.replace(
+            alert,
+            severity="page",
+            summary=f"{alert.summary}; since then the clock stepped down on "
+            f"{', '.join(sent.throttled[:3])}{' ...' if len(sent.throttled) > 3 else ''}"
+            " (work is lost)",
+        )
     if (
         sent.severity is None
         or alert.bottleneck == "overload"

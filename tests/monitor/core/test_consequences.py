@@ -414,7 +414,8 @@ def test_a_throttle_on_devices_of_an_info_heat_record_pages() -> None:
     (heat no more than the work brought), not a fault on-call was told of. A throttle on
     one of them 80 windows later (clock down, conv MFU down, heat) is not that record
     going on: it pages under an id of its own. After a ticket for the same heat (the
-    cooling lost, told), the throttle is that fault going on."""
+    cooling lost, told), the throttle is that fault going on: the ticket pages, under its
+    own id, once its devices' clock stepped down (work is lost now)."""
 
     def ids(burst: float) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         adv = Advisor()
@@ -439,6 +440,7 @@ def test_a_throttle_on_devices_of_an_info_heat_record_pages() -> None:
         ]
         corr.add(throttle, later + 3 * W, counts)
         after = life.due(corr.incidents, later + 4 * W, counts)
+        after += life.due(corr.incidents, later + 5 * W, counts)
         return first, [(a.id, a.severity) for a in after if a.status == "firing"]
 
     first, after = ids(1.5)
@@ -448,3 +450,4 @@ def test_a_throttle_on_devices_of_an_info_heat_record_pages() -> None:
     first, after = ids(1.0)
     assert [s for _, s in first] == ["ticket"]
     assert not {i for i, _ in after} - {i for i, _ in first}
+    assert (first[0][0], "page") in after
