@@ -13,6 +13,9 @@ look-back. Training pools report no request rate; every window of theirs is a te
 Per serving pool, model and layer type, each minute also keeps the pool aggregate's
 per-layer efficiency at that minute's peak load, so that a burst can be compared with
 earlier bursts at that load (`earlier_level`) rather than with calm.
+Per pool, the last `RECENT_S` of its windows' request rates, window by window: what
+the offered load did right around an onset (`offered_ratio`), which a minute's peak is
+too coarse for.
 Not checkpointed: after a restart nothing counts as tested until the pool has run
 again, so the advisor falls back to the plain look-back.
 """
@@ -42,6 +45,8 @@ EFFICIENCY = ("mfu", "stall_frac", "arith_intensity", "occupancy")
 MIN_EARLIER_MINUTES = 2
 
 LevelKey = tuple[str | None, str | None, str]  # (pool, model, layer type)
+# Windows kept one by one: a grouping window before an onset and a grouping window after.
+RECENT_S = 900.0
 
 
 class _LevelRing:
@@ -84,12 +89,34 @@ class PoolExposure:
     span_s: float = 6 * 3600.0
     _bins: dict[str | None, dict[int, list[float]]] = field(default_factory=dict)
     _levels: dict[LevelKey, _LevelRing] = field(default_factory=dict)
+    # Per pool, per window start (whole seconds): each partition's request rate per device.
+    _recent: dict[str | None, dict[int, list[float]]] = field(default_factory=dict)
 
     def observe(self, pool: str | None, ts: float, load: float) -> None:
         """One window of a pool at event time `ts`, with its request rate (NaN: none)."""
         b = self._bins.setdefault(pool, {}).setdefault(int(ts // BIN_S), [-math.inf, 0.0])
         b[0] = max(b[0], load)  # a NaN load never wins: b[0] stays a number
         b[1] += 1.0
+        if math.isfinite(load):
+            self._recent.setdefault(pool, {}).setdefault(round(ts), []).append(load)
+
+    def offered_ratio(
+        self, pool: str | None, onset_ts: float, lead_s: float, near_s: float, span_s: float
+    ) -> float:
+        """The pool's request rate per device around an onset, from `lead_s` before it
+        (a cause leads by at most that) to `near_s` after, over its rate in `span_s`
+        before that: medians over windows, each window the median of its partitions'
+        rates. NaN when unknown (a training pool, or no window on either side)."""
+        recent = self._recent.get(pool)
+        if not recent:
+            return math.nan
+        start = onset_ts - lead_s
+        at = [statistics.median(v) for t, v in recent.items() if start <= t <= onset_ts + near_s]
+        before = [statistics.median(v) for t, v in recent.items() if start - span_s <= t < start]
+        if not at or not before:
+            return math.nan
+        now, then = statistics.median(at), statistics.median(before)
+        return now / then if then > 0 else math.nan
 
     def observe_levels(
         self, key: LevelKey, ts: float, load: float, levels: tuple[float, ...]
@@ -131,6 +158,7 @@ class PoolExposure:
         """Forget bins older than the span; pools (and level keys) left with none go too."""
         cut = int((now_ts - self.span_s) // BIN_S)
         _prune(self._bins, cut)
+        _prune(self._recent, round(now_ts - RECENT_S))
         for key in [k for k, ring in self._levels.items() if ring.newest < cut]:
             del self._levels[key]
 

@@ -115,6 +115,9 @@ class AlertState:
     # The members its records named as throttling (`Incident.stragglers`), sorted: what
     # on-call was told, though the incident's median onset and waiting share move on.
     stragglers: list[str] = field(default_factory=list)
+    # The offered-load rise measured around its onset (`AlertLifecycle._offered_load`;
+    # 1.0: none), kept: the windows it was read from age out.
+    offered: float | None = None
     # A cooling fault's devices whose clock stepped down after its record (`_escalate`),
     # sorted: heat and the clock now agree, so work is lost and the record pages.
     throttled: list[str] = field(default_factory=list)
@@ -541,7 +544,7 @@ class AlertLifecycle:
         moved = {metric for _, metric, _ in support}
         # The offered-load rise, quoted in an overload's summary when the pool reports one.
         follows = metric in BACKLOG | LOAD_FOLLOWING or metric == "sync_frac"
-        load = inc.load_ratio() if follows else 1.0
+        load = self._offered_load(inc) if follows else 1.0
         classed, queue_only = self._classed_under(inc, support, moved, load)
         # Once the incident's scope settled (its queue had the grouping window to show),
         # latency that rose at a steady offered load while the devices' reported queue
@@ -623,6 +626,35 @@ class AlertLifecycle:
             runbook=RUNBOOK + bottleneck.replace("_", "-"),
             not_judged=self._not_judged(inc),
         )
+
+    def _offered_load(self, inc: Incident) -> float:
+        """The offered load's shift at `inc`'s onset: the load detectors'
+        (`Incident.load_ratio`), or the pool's request rate measured window by window
+        around the onset (`PoolExposure.offered_ratio`) where that shows a larger rise.
+
+        A detector re-learns after each step it finds, so in a run of bursts a few
+        minutes apart the next burst's start is found late or not at all, while the
+        queue, the failures it sheds and the heat of the work show within a window or
+        two; the latest step found may be the last burst's end. Read against that, the
+        load seems to have fallen, and the backlog reads as a regression. A rise within
+        the request rate's reporting floor (`SERVED_RISE`) is no rise. The measurement
+        is kept per alert: the windows it was read from age out.
+        """
+        ratio = inc.load_ratio()
+        sent = self.states.get(inc.alert_id or "")
+        if sent is not None and sent.offered is not None:
+            rise = sent.offered
+        else:
+            raw = self.advisor.exposure.offered_ratio(
+                inc.pool, inc.onset_ts, LEAD_WINDOWS * inc.window_s, 2 * inc.window_s,
+                inc.group_window_s,
+            )  # fmt: skip
+            if not math.isfinite(raw):
+                return ratio
+            rise = raw if raw >= 1.0 + SERVED_RISE else 1.0
+            if sent is not None:
+                sent.offered = rise
+        return max(ratio, rise) if rise > 1.0 else ratio
 
     def _classed_under(
         self,

@@ -105,3 +105,24 @@ def test_the_levels_kept_are_the_load_normalised_efficiency_columns() -> None:
     """What a burst is compared on is what the load model normalises per layer."""
     assert set(EFFICIENCY) == _NORMALISED
     assert set(EFFICIENCY) <= set(LAYER_METRICS)
+
+
+def test_the_offered_load_around_an_onset_is_read_window_by_window() -> None:
+    """A burst that began two windows before an onset, right after an earlier burst ended:
+    its minute's peak is no higher than the earlier burst's, window by window it is x1.8
+    the calm before. Partitions each report their share; a window is their median."""
+    exp = PoolExposure()
+    _fill(exp, "serve", T0, T0 + 60, 44.0)  # the earlier burst
+    _fill(exp, "serve", T0 + 60, T0 + 240, 29.0)  # calm
+    for part_rate in (52.0, 53.0, 54.0):
+        _fill(exp, "serve", T0 + 240, T0 + 330, part_rate)  # the next burst
+    onset = T0 + 260
+    ratio = exp.offered_ratio("serve", onset, 6 * W, 2 * W, 300.0)
+    assert ratio == pytest.approx(53.0 / 29.0, rel=0.01)
+    # no request rate (training), or nothing before the onset: unknown
+    _fill(exp, "train", T0, T0 + 330, math.nan)
+    assert math.isnan(exp.offered_ratio("train", onset, 6 * W, 2 * W, 300.0))
+    assert math.isnan(exp.offered_ratio("serve", T0 + 10, 6 * W, 2 * W, 300.0))
+    # windows older than the span kept one by one are forgotten
+    exp.prune(T0 + 3 * 3600)
+    assert math.isnan(exp.offered_ratio("serve", onset, 6 * W, 2 * W, 300.0))

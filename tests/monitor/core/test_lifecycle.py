@@ -409,3 +409,53 @@ def test_heat_severity_allows_what_the_work_served_brings() -> None:
     assert heat_severity(50.0, 56.0, 0.1, "thermal_power", served=1.2) == "info"
     assert heat_severity(50.0, 70.0, 0.1, "thermal_power", served=1.2) == "ticket"
     assert heat_severity(50.0, 56.0, 0.1, "thermal_power", served=0.5) == "ticket"
+
+
+def _shedding(device: str, onset: float) -> ChangePoint:
+    """Failed requests 1 % -> 28 % of one serving device's requests."""
+    return ChangePoint(
+        device=device, host=device.split("/", maxsplit=1)[0], pool=POOL, model=OLD,
+        layer=None, metric="error_rate", stage=STAGE_OF["error_rate"], onset_ts=onset,
+        detected_ts=onset + 3 * W, before=0.01, after=0.28, score=1.0, window_s=W,
+    )  # fmt: skip
+
+
+def test_failures_at_a_burst_no_load_detector_found_are_capacity() -> None:
+    """A burst began two windows before the failures, a minute after the last one ended:
+    the request rate's detectors, re-learning after that end, found that end and not the
+    new burst's start, so their load reads as fallen (x0.66). Measured
+    window by window around the onset the offered load rose x1.8, so the failures are
+    what a full queue sheds: capacity (`info`), and it stays so once those windows age
+    out. With the rate flat the same failures are a ticket."""
+
+    counts = {(POOL, OLD): 16}
+
+    def first(burst: float) -> tuple[Alert, AlertLifecycle, Correlator]:
+        adv = Advisor()
+        for w in range(60):
+            rate = 29.0 * (burst if w >= 28 else 1.0)
+            adv.exposure.observe(POOL, T0 + w * W, rate)
+        onset = T0 + 30 * W
+        corr = Correlator()
+        devs = [f"node-{i // 8:03d}/gpu{i % 8}" for i in range(16)]
+        corr.add([_shedding(d, onset) for d in devs], onset + 4 * W, counts)
+        # The last step the rate's detectors found: the earlier burst's end.
+        (inc,) = corr.incidents
+        inc.load += [
+            replace(_shedding(d, onset - 15 * W), metric="req_rate", stage=STAGE_OF["req_rate"],
+                    before=44.0, after=29.0)
+            for d in devs
+        ]  # fmt: skip
+        assert inc.load_ratio() < 1.0
+        life = AlertLifecycle(AlertSettings(), adv)
+        (alert,) = life.due(corr.incidents, onset + 60 * W, counts)
+        return alert, life, corr
+
+    alert, life, corr = first(1.8)
+    assert (alert.severity, alert.bottleneck) == ("info", "overload"), alert.summary
+    assert "x1.8" in alert.summary
+    life.advisor.exposure.prune(T0 + 3 * 3600)  # the windows read are gone
+    (again,) = life.restate(corr.incidents, T0 + 3 * 3600, counts)
+    assert (again.id, again.severity, again.bottleneck) == (alert.id, "info", "overload")
+    flat, _, _ = first(1.0)
+    assert (flat.severity, flat.bottleneck) == ("ticket", "errors"), flat.summary
