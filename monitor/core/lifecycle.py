@@ -196,37 +196,11 @@ class AlertLifecycle:
             # (The fleet stage leaves one pool's incident to the replica that holds it.)
             if inc.status != "open" or inc.parent is not None or self._not_ours(inc):
                 continue
-            fleet = bool(inc.children)
             view, n_pool, level = self._view(inc, pool_devices)
             n = len(view.devices)
             first = inc.alert_id is None
-            if first:
-                if now_ts - inc.detected_ts < self._settle_windows(inc) * inc.window_s:
-                    continue
-                sure = min((sure_at[id(m)] for m in (inc, *inc.children) if id(m) in sure_at),
-                           default=None)  # fmt: skip
-                if sure is None:
-                    continue
-                if _awaits_fault(inc, incidents, sure_at):
-                    # Its job's throttling member is a fault that is sure but settling:
-                    # judged after that fault's page, it is seen to be its consequence.
-                    continue
-                hw = self._consequence_of(inc, incidents)
-                if hw is not None:
-                    # One mechanism, one page: an open page already shows what moved here
-                    # again (its devices serving slower: their queue, the pool's latency).
-                    self._escalate(hw, inc)
-                    inc.status, inc.resolved_ts = "resolved", now_ts
-                    continue
-                inc.detected_ts = sure
-                # The id is what the incident was when it became sure, in event time: a
-                # batch that reaches further past that moment must not change it.
-                then = view.as_of(sure)
-                inc.metric = view.metric = then.primary_metric
-                inc.alert_id = view.alert_id = fingerprint(
-                    "fleet" if fleet else inc.pool, view.model, then.primary_metric,
-                    then.first_failing_stage(), int(then.onset_ts // inc.window_s),
-                )  # fmt: skip
+            if first and not self._identify(inc, view, incidents, sure_at, now_ts):
+                continue
             self._rejudge(inc)
             view.detected_ts = inc.detected_ts
             alert = self.render(
@@ -234,6 +208,11 @@ class AlertLifecycle:
             )
             sent = self.state(inc)
             alert = _held(alert, sent)
+            if first and self._unsettled_ticket(inc, alert, now_ts):
+                # Nothing goes out: the incident stays unsent, judged afresh next time.
+                self.states.pop(inc.alert_id or "", None)
+                inc.alert_id = inc.metric = None
+                continue
             # Big growth re-sends at once; any other change in count at a calm pace.
             grew = n >= sent.devices * (1 + self.s.update_growth) or (
                 n != sent.devices
@@ -253,6 +232,61 @@ class AlertLifecycle:
             out.append((at, alert))
         # Judged faults first, sent in the incidents' order (a batch's records keep theirs).
         return [alert for _, alert in sorted(out, key=lambda x: x[0])]
+
+    def _identify(
+        self,
+        inc: Incident,
+        view: Incident,
+        incidents: list[Incident],
+        sure_at: dict[int, float],
+        now_ts: float,
+    ) -> bool:
+        """Give an unsent incident its id if its first record is due now (False: not yet,
+        or it was closed as an open page's consequence)."""
+        if now_ts - inc.detected_ts < self._settle_windows(inc) * inc.window_s:
+            return False
+        sure = min((sure_at[id(m)] for m in (inc, *inc.children) if id(m) in sure_at),
+                   default=None)  # fmt: skip
+        if sure is None:
+            return False
+        if _awaits_fault(inc, incidents, sure_at):
+            # Its job's throttling member is a fault that is sure but settling: judged
+            # after that fault's page, it is seen to be its consequence.
+            return False
+        hw = self._consequence_of(inc, incidents)
+        if hw is not None:
+            # One mechanism, one page: an open page already shows what moved here again
+            # (its devices serving slower: their queue, the pool's latency).
+            self._escalate(hw, inc)
+            inc.status, inc.resolved_ts = "resolved", now_ts
+            return False
+        inc.detected_ts = sure
+        # The id is what the incident was when it became sure, in event time: a batch
+        # that reaches further past that moment must not change it.
+        then = view.as_of(sure)
+        inc.metric = view.metric = then.primary_metric
+        inc.alert_id = view.alert_id = fingerprint(
+            "fleet" if inc.children else inc.pool, view.model, then.primary_metric,
+            then.first_failing_stage(), int(then.onset_ts // inc.window_s),
+        )  # fmt: skip
+        return True
+
+    @staticmethod
+    def _unsettled_ticket(inc: Incident, alert: Alert, now_ts: float) -> bool:
+        """Whether `alert`, an incident's first record, is a ticket while the incident's
+        grouping window is still open: it waits for the window (a page never does).
+
+        Detectors find a burst's pieces a few windows apart: the failures it sheds before
+        the offered-load step that explains them, a queue before the power that shows the
+        work. Until the window closed the evidence that classes the incident (capacity,
+        not a fault) may still come, and a ticket is read in working hours: minutes cost
+        nothing, and one opened and then closed as capacity costs on-call's trust.
+        """
+        return (
+            alert.severity == "ticket"
+            and not inc.children
+            and now_ts - inc.onset_ts < inc.group_window_s
+        )
 
     def _rejudge(self, inc: Incident) -> None:
         """A ticket, a fault not worth a page yet, is judged on the incident's most telling

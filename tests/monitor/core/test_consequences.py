@@ -159,7 +159,7 @@ def _pages_after_burst(
     first = [a.id for a in life.due(corr.incidents, T0 + 4 * W, counts)]
     later = T0 + 300 * W
     corr.add(burst(later, layer), later + 3 * W, counts)
-    after = [a for t in range(4, 12) for a in life.due(corr.incidents, later + t * W, counts)]
+    after = [a for t in range(4, 40) for a in life.due(corr.incidents, later + t * W, counts)]
     return first, [a.id for a in after if a.status == "firing"]
 
 
@@ -429,7 +429,7 @@ def test_a_throttle_on_devices_of_an_info_heat_record_pages() -> None:
                                 detected_ts=T0 + 34 * W, fields=BIT["power_w"])
             for d in (HOT, "n7/gpu2")
         ]  # fmt: skip
-        now = T0 + 45 * W
+        now = T0 + 60 * W  # a ticket goes out once the grouping window has passed
         corr.add(heat, now, counts)
         first = [(a.id, a.severity) for a in life.due(corr.incidents, now, counts)]
         later = T0 + 120 * W

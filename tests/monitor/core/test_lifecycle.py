@@ -66,7 +66,9 @@ def test_a_pool_that_small_still_alerts() -> None:
     pts = [_mfu_drop(f"node-{i:03d}/gpu0") for i in (19, 20, 23)]
     corr.add(pts, T0 + 3 * W, {(POOL, OLD): 3})
     life = AlertLifecycle(AlertSettings(), Advisor())
-    (alert,) = life.due(corr.incidents, T0 + 4 * W, {(POOL, OLD): 3})
+    # A ticket goes out once the incident's grouping window has passed.
+    assert life.due(corr.incidents, T0 + 4 * W, {(POOL, OLD): 3}) == []
+    (alert,) = life.due(corr.incidents, T0 + 30 * W, {(POOL, OLD): 3})
     assert alert.severity == "ticket"
     assert alert.scope.device_count == 3
 
@@ -135,16 +137,16 @@ def test_a_deeper_drop_on_the_same_devices_is_re_sent_as_a_page() -> None:
     life = AlertLifecycle(AlertSettings(), Advisor())
     devices = [f"node-{i:03d}/gpu0" for i in range(8)]
     corr.add([_mfu_drop(d) for d in devices], T0 + 3 * W, counts)
-    (first,) = life.due(corr.incidents, T0 + 4 * W, counts)
+    (first,) = life.due(corr.incidents, T0 + 30 * W, counts)
     assert first.severity == "ticket"
-    assert life.due(corr.incidents, T0 + 5 * W, counts) == []
-    deeper = [_mfu_drop(d, onset=T0 + 4 * W, before=0.6426, after=0.50) for d in devices]
-    corr.add(deeper, T0 + 6 * W, counts)
-    (again,) = life.due(corr.incidents, T0 + 6 * W, counts)
+    assert life.due(corr.incidents, T0 + 31 * W, counts) == []
+    deeper = [_mfu_drop(d, onset=T0 + 30 * W, before=0.6426, after=0.50) for d in devices]
+    corr.add(deeper, T0 + 32 * W, counts)
+    (again,) = life.due(corr.incidents, T0 + 32 * W, counts)
     assert again.id == first.id
     assert again.severity == "page"
     assert again.scope.device_count == first.scope.device_count
-    assert life.due(corr.incidents, T0 + 7 * W, counts) == []
+    assert life.due(corr.incidents, T0 + 33 * W, counts) == []
 
 
 def test_an_incident_keeps_the_metric_it_first_paged_with() -> None:
@@ -178,11 +180,12 @@ def test_a_ticket_is_judged_on_the_layer_found_after_it_until_it_pages() -> None
     corr.add([replace(_mfu_drop(d), metric="device_mfu", layer=None) for d in devs],
              T0 + 3 * W, counts)  # fmt: skip
     life = AlertLifecycle(AlertSettings(), Advisor())
-    (first,) = life.due(corr.incidents, T0 + 4 * W, counts)
+    assert life.due(corr.incidents, T0 + 4 * W, counts) == []  # a ticket waits its window
+    (first,) = life.due(corr.incidents, T0 + 30 * W, counts)
     assert (first.metric, first.severity) == ("device_mfu", "ticket")
     attention = [replace(_mfu_drop(d, after=0.578), layer="attention") for d in devs]
-    corr.add(attention, T0 + 6 * W, counts)
-    (paged,) = life.due(corr.incidents, T0 + 6 * W, counts)
+    corr.add(attention, T0 + 32 * W, counts)
+    (paged,) = life.due(corr.incidents, T0 + 32 * W, counts)
     assert (paged.metric, paged.severity, paged.id) == ("mfu", "page", first.id)
 
 
@@ -459,3 +462,28 @@ def test_failures_at_a_burst_no_load_detector_found_are_capacity() -> None:
     assert (again.id, again.severity, again.bottleneck) == (alert.id, "info", "overload")
     flat, _, _ = first(1.0)
     assert (flat.severity, flat.bottleneck) == ("ticket", "errors"), flat.summary
+
+
+def test_a_ticket_waits_for_the_evidence_that_would_class_it_capacity() -> None:
+    """Failures found before the offered-load step that explains them: judged at once they
+    are a ticket (`errors`). The step is found 8 windows later, inside the incident's
+    grouping window, and a ticket waits for that window: the first and only record is
+    the capacity record, no ticket opened and closed. A page would not wait."""
+    onset = T0 + 30 * W
+    counts = {(POOL, OLD): 16}
+    devs = [f"node-{i // 8:03d}/gpu{i % 8}" for i in range(16)]
+    corr = Correlator()
+    corr.add([_shedding(d, onset) for d in devs], onset + 4 * W, counts)
+    life = AlertLifecycle(AlertSettings(), Advisor())
+    (inc,) = corr.incidents
+    early = life.render(inc, onset + 6 * W, 16, "firing")
+    assert (early.severity, early.bottleneck) == ("ticket", "errors")
+    sent = [a for w in range(6, 12) for a in life.due(corr.incidents, onset + w * W, counts)]
+    inc.load += [
+        replace(_shedding(d, onset - 2 * W), metric="req_rate", stage=STAGE_OF["req_rate"],
+                before=29.0, after=53.0, detected_ts=onset + 12 * W)
+        for d in devs
+    ]  # fmt: skip
+    sent += [a for w in range(12, 40) for a in life.due(corr.incidents, onset + w * W, counts)]
+    assert sent
+    assert {(a.severity, a.bottleneck) for a in sent} == {("info", "overload")}
