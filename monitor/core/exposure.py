@@ -103,15 +103,17 @@ class PoolExposure:
     def offered_ratio(
         self, pool: str | None, onset_ts: float, lead_s: float, near_s: float, span_s: float
     ) -> float:
-        """The pool's request rate per device around an onset, from `lead_s` before it
-        (a cause leads by at most that) to `near_s` after, over its rate in `span_s`
-        before that: medians over windows, each window the median of its partitions'
-        rates. NaN when unknown (a training pool, or no window on either side)."""
+        """The pool's request rate per device at an onset (from its window to `near_s`
+        after) over its rate in `span_s` before the cause's lead (`lead_s` before the
+        onset: a cause leads by at most that): medians over windows, each window the
+        median of its partitions' rates. An onset is dated to a window's edge, so a burst
+        may begin a window after it. NaN when unknown (a training pool, or no window on
+        either side)."""
         recent = self._recent.get(pool)
         if not recent:
             return math.nan
         start = onset_ts - lead_s
-        at = [statistics.median(v) for t, v in recent.items() if start <= t <= onset_ts + near_s]
+        at = [statistics.median(v) for t, v in recent.items() if onset_ts <= t <= onset_ts + near_s]
         before = [statistics.median(v) for t, v in recent.items() if start - span_s <= t < start]
         if not at or not before:
             return math.nan

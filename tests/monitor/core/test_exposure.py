@@ -110,7 +110,9 @@ def test_the_levels_kept_are_the_load_normalised_efficiency_columns() -> None:
 def test_the_offered_load_around_an_onset_is_read_window_by_window() -> None:
     """A burst that began two windows before an onset, right after an earlier burst ended:
     its minute's peak is no higher than the earlier burst's, window by window it is x1.8
-    the calm before. Partitions each report their share; a window is their median."""
+    the calm before (the median of the onset's window and the two after, over the
+    grouping window before the cause's lead). Partitions each report their share; a
+    window is their median."""
     exp = PoolExposure()
     _fill(exp, "serve", T0, T0 + 60, 44.0)  # the earlier burst
     _fill(exp, "serve", T0 + 60, T0 + 240, 29.0)  # calm
@@ -119,6 +121,11 @@ def test_the_offered_load_around_an_onset_is_read_window_by_window() -> None:
     onset = T0 + 260
     ratio = exp.offered_ratio("serve", onset, 6 * W, 2 * W, 300.0)
     assert ratio == pytest.approx(53.0 / 29.0, rel=0.01)
+    # dated a window before the burst began (its window's edge): still the burst's load
+    ratio = exp.offered_ratio("serve", T0 + 230, 6 * W, 2 * W, 300.0)
+    assert ratio == pytest.approx(53.0 / 29.0, rel=0.01)
+    # two windows before it: the calm
+    assert exp.offered_ratio("serve", T0 + 210, 6 * W, 2 * W, 300.0) == pytest.approx(1.0)
     # no request rate (training), or nothing before the onset: unknown
     _fill(exp, "train", T0, T0 + 330, math.nan)
     assert math.isnan(exp.offered_ratio("train", onset, 6 * W, 2 * W, 300.0))
