@@ -13,6 +13,9 @@ look-back. Training pools report no request rate; every window of theirs is a te
 Per serving pool, model and layer type, each minute also keeps the pool aggregate's
 per-layer efficiency at that minute's peak load, so that a burst can be compared with
 earlier bursts at that load (`earlier_level`) rather than with calm.
+Per serving pool and model, each minute likewise keeps the pool's queue, latency and
+failures at its peak load (`BACKLOG_LEVELS`): queueing grows with the offered load, so
+what the pool showed at a higher load bounds what a lower one does (`backlog_bound`).
 Per pool, the last `RECENT_S` of its windows' request rates, window by window: what
 the offered load did right around an onset (`offered_ratio`), which a minute's peak is
 too coarse for.
@@ -40,6 +43,10 @@ SAME_LOAD = MIN_REL_CHANGE.get("req_rate", DEFAULT_MIN_REL_CHANGE)
 # The per-layer efficiency columns kept per minute: what the load model normalises and
 # bursts are compared on (`lifecycle._NORMALISED`).
 EFFICIENCY = ("mfu", "stall_frac", "arith_intensity", "occupancy")
+# The pool aggregate's queue, latency and failure columns kept per minute: what a backlog
+# moves (`indicators.BACKLOG`), which the load drives and no load model normalises.
+BACKLOG_LEVELS = ("queue_wait_ms", "queue_depth", "lat_p50_ms", "lat_p95_ms", "lat_p99_ms",
+                  "error_rate")  # fmt: skip
 # Fewer earlier minutes at a load than this: no comparison (one minute may be a burst's
 # ragged edge).
 MIN_EARLIER_MINUTES = 2
@@ -50,14 +57,14 @@ RECENT_S = 900.0
 
 
 class _LevelRing:
-    """One (pool, model, layer)'s minutes over the span: a slot per minute (minute number,
-    peak load, `EFFICIENCY` levels at it), overwritten as the minutes come round again;
-    about 26 bytes a minute, 9 kB for six hours."""
+    """One key's minutes over the span: a slot per minute (minute number, peak load, the
+    levels at it), overwritten as the minutes come round again; 12 bytes a minute and 4 a
+    level, 9 kB for six hours of `EFFICIENCY`."""
 
-    def __init__(self, minutes: int) -> None:
+    def __init__(self, minutes: int, columns: int) -> None:
         self.minute = np.full(minutes, -1, dtype=np.int64)
         self.load = np.full(minutes, -np.inf, dtype=np.float32)
-        self.levels = np.full((minutes, len(EFFICIENCY)), np.nan, dtype=np.float32)
+        self.levels = np.full((minutes, columns), np.nan, dtype=np.float32)
         self.newest = -1
 
     def put(self, k: int, load: float, levels: tuple[float, ...]) -> None:
@@ -80,15 +87,41 @@ class _LevelRing:
         out: F32 = lv[keep]
         return out
 
+    def nearest_above(self, col: int, load: float, before: int, band: float) -> F32:
+        """Column `col`'s finite levels at the lowest earlier load at or above `load`: the
+        minutes before `before` whose peak load lay within `band` of the lowest such
+        minute that has `MIN_EARLIER_MINUTES` within that band (empty: none has)."""
+        lv = self.levels[:, col]
+        keep = (self.minute >= 0) & (self.minute < before) & (self.load >= load)
+        keep &= np.isfinite(lv)
+        order = np.argsort(self.load[keep], kind="stable")
+        loads, levels = self.load[keep][order], lv[keep][order]
+        ends = np.searchsorted(loads, loads * np.float32(band), side="right")
+        enough = np.flatnonzero(ends - np.arange(loads.size) >= MIN_EARLIER_MINUTES)
+        if not enough.size:
+            return np.empty(0, dtype=np.float32)
+        i = int(enough[0])
+        out: F32 = levels[i : ends[i]]
+        return out
+
+    def since(self, col: int, first: int, last: int) -> F32:
+        """Column `col`'s finite levels at minutes `first` to `last`."""
+        lv = self.levels[:, col]
+        keep = (self.minute >= first) & (self.minute <= last) & np.isfinite(lv)
+        out: F32 = lv[keep]
+        return out
+
 
 @dataclass
 class PoolExposure:
     """Per pool, per minute: (highest request rate, windows seen); per (pool, model, layer)
-    and minute: that minute's peak request rate and the efficiency at it; pruned by age."""
+    and minute: that minute's peak request rate and the efficiency at it; per (pool, model)
+    and minute: the queue, latency and failures at it; pruned by age."""
 
     span_s: float = 6 * 3600.0
     _bins: dict[str | None, dict[int, list[float]]] = field(default_factory=dict)
     _levels: dict[LevelKey, _LevelRing] = field(default_factory=dict)
+    _backlog: dict[tuple[str | None, str | None], _LevelRing] = field(default_factory=dict)
     # Per pool, per window start (whole seconds): each partition's request rate per device.
     _recent: dict[str | None, dict[int, list[float]]] = field(default_factory=dict)
 
@@ -129,8 +162,52 @@ class PoolExposure:
             return  # a training pool: no burst to compare
         ring = self._levels.get(key)
         if ring is None:
-            ring = self._levels[key] = _LevelRing(max(1, math.ceil(self.span_s / BIN_S)))
+            ring = self._levels[key] = self._ring(len(EFFICIENCY))
         ring.put(int(ts // BIN_S), load, levels)
+
+    def observe_backlog(
+        self, key: tuple[str | None, str | None], ts: float, load: float,
+        levels: tuple[float, ...],
+    ) -> None:  # fmt: skip
+        """A (pool, model) aggregate's window: its request rate per device and its
+        `BACKLOG_LEVELS`. Each minute keeps the window of its highest load."""
+        if not math.isfinite(load):
+            return
+        ring = self._backlog.get(key)
+        if ring is None:
+            ring = self._backlog[key] = self._ring(len(BACKLOG_LEVELS))
+        ring.put(int(ts // BIN_S), load, levels)
+
+    def backlog_bound(
+        self, key: tuple[str | None, str | None], column: str, load: float, before_ts: float
+    ) -> float | None:
+        """The median `column` level of `key` over whole minutes before `before_ts` at the
+        lowest load at or above this `load` the pool ran at (within `SAME_LOAD` of each
+        other, and from `SAME_LOAD` below this one): at a higher load a queue is no
+        shorter, so a longer queue now is not the load's. None with fewer than
+        `MIN_EARLIER_MINUTES` such minutes."""
+        ring = self._backlog.get(key)
+        if ring is None or not math.isfinite(load) or load <= 0:
+            return None
+        found = ring.nearest_above(
+            BACKLOG_LEVELS.index(column), load / (1.0 + SAME_LOAD), int(before_ts // BIN_S),
+            1.0 + SAME_LOAD,
+        )  # fmt: skip
+        return float(np.median(found)) if found.size else None
+
+    def backlog_since(
+        self, key: tuple[str | None, str | None], column: str, from_ts: float, to_ts: float
+    ) -> float | None:
+        """The median `column` level of `key` over the minutes from `from_ts`'s to
+        `to_ts`'s, each at its peak load (None: no such minute)."""
+        ring = self._backlog.get(key)
+        if ring is None:
+            return None
+        found = ring.since(BACKLOG_LEVELS.index(column), int(from_ts // BIN_S), int(to_ts // BIN_S))
+        return float(np.median(found)) if found.size else None
+
+    def _ring(self, columns: int) -> _LevelRing:
+        return _LevelRing(max(1, math.ceil(self.span_s / BIN_S)), columns)
 
     def earlier_level(
         self, key: LevelKey, column: str, load: float, before_ts: float, band: float
@@ -163,6 +240,8 @@ class PoolExposure:
         _prune(self._recent, round(now_ts - RECENT_S))
         for key in [k for k, ring in self._levels.items() if ring.newest < cut]:
             del self._levels[key]
+        for pm in [k for k, ring in self._backlog.items() if ring.newest < cut]:
+            del self._backlog[pm]
 
     def novelty(self, pool: str | None, onset_ts: float, detected_ts: float,
                 before_ts: float) -> float:  # fmt: skip

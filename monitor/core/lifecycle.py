@@ -601,13 +601,19 @@ class AlertLifecycle:
         suggestion = self.advisor.suggest(
             inc, stage, bottleneck, guardrail(what, metric, before, self.s), level, since=since
         )
+        bound = None
         if bottleneck == "overload" and suggestion.action == "rollback" and not queue_only:
             # A change that fits explains it: the traffic only exposed it. Not overload.
             # Unless the queue is all there is and the load is one the pool never ran at:
             # then the load explains the queue (a routing change that sent the load is
             # named, the record stays capacity), and an admission rule cannot be told
-            # from it until the pool has run at that load before.
-            bottleneck = bottleneck_class(stage, classed, explained=True, queue_held=queue_held)
+            # from it until the pool has run at that load before. Nor where the pool's
+            # queue is no longer than it was at the nearest higher load it ran at: a
+            # queue grows with the load, so that load bounds what this one does, and a
+            # rule that holds requests back queues them longer than that.
+            bound = self._backlog_bound(inc, metric, load, moved, classed)
+            if bound is None:
+                bottleneck = bottleneck_class(stage, classed, explained=True, queue_held=queue_held)
         share = _share(inc, n_pool, level, bottleneck, support, moved)
         heat_text = ""
         if metric in HEAT:
@@ -627,6 +633,11 @@ class AlertLifecycle:
         sev, novel_text = self._load_explains(
             inc, sev, (metric, before, after), moved, load, suggestion
         )
+        if bound is not None:
+            novel_text += (
+                f" (the pool's {_METRIC_WORDS.get(metric, metric)} {bound[0]:.4g}; it was"
+                f" {bound[1]:.4g} at a higher load before)"
+            )
         return Alert(
             v=1,
             id=inc.alert_id or "",
@@ -671,18 +682,24 @@ class AlertLifecycle:
         queue, the failures it sheds and the heat of the work show within a window or
         two; the latest step found may be the last burst's end. Read against that, the
         load seems to have fallen, and the backlog reads as a regression. A rise within
-        the request rate's reporting floor (`SERVED_RISE`) is no rise. The measurement
-        is kept per alert: the windows it was read from age out.
+        the request rate's reporting floor (`SERVED_RISE`) is no rise. The rate is read
+        against the grouping window before the lead a cause may have, and against the
+        lead's windows themselves: a burst that ended just before the onset leaves the
+        first reading high and the second shows the rise. The measurement is kept per
+        alert: the windows it was read from age out.
         """
         ratio = inc.load_ratio()
         sent = self.states.get(inc.alert_id or "")
         if sent is not None and sent.offered is not None:
             rise = sent.offered
         else:
-            raw = self.advisor.exposure.offered_ratio(
-                inc.pool, inc.onset_ts, LEAD_WINDOWS * inc.window_s, 2 * inc.window_s,
-                inc.group_window_s,
-            )  # fmt: skip
+            lead = LEAD_WINDOWS * inc.window_s
+            exposure = self.advisor.exposure
+            raws = [
+                exposure.offered_ratio(inc.pool, inc.onset_ts, lead, 2 * inc.window_s, span)
+                for lead, span in ((lead, inc.group_window_s), (0.0, lead))
+            ]
+            raw = max((r for r in raws if math.isfinite(r)), default=math.nan)
             if not math.isfinite(raw):
                 return ratio
             rise = raw if raw >= 1.0 + SERVED_RISE else 1.0
@@ -805,6 +822,32 @@ class AlertLifecycle:
         floor = MIN_REL_CHANGE.get(metric, DEFAULT_MIN_REL_CHANGE) * abs(then)
         worse = (after - then) * BAD_DIRECTION.get(metric, 0)
         return then if worse <= floor else None
+
+    def _backlog_bound(
+        self, inc: Incident, metric: str, load: float, moved: set[str], classed: set[str]
+    ) -> tuple[float, float] | None:
+        """(the pool's level now, its level at the nearest higher load it ran at before)
+        where queueing alone rose with the offered load and is no worse than that earlier
+        level by the metric's reporting floor (None: not so, or not known).
+
+        Queueing grows with the load (as rho / (1 - rho) near capacity), so at a higher
+        load the same service queues at least as long: a change that only sent more load
+        leaves the queue within what the pool showed at a higher load, while one that holds
+        requests back (an admission rule) or slows their service queues them longer."""
+        if metric not in BACKLOG or classed & _NORMALISED or _hardware_fault(moved):
+            return None
+        if inc.model is None or not offered_load_rose(load, moved):
+            return None
+        exposure = self.advisor.exposure
+        key = (inc.pool, inc.model)
+        peak = exposure.peak_load(inc.pool, inc.onset_ts, inc.found_ts)
+        then = exposure.backlog_bound(key, metric, peak, inc.onset_ts - inc.group_window_s)
+        now = exposure.backlog_since(key, metric, inc.onset_ts, inc.found_ts)
+        if then is None or now is None:
+            return None
+        floor = MIN_REL_CHANGE.get(metric, DEFAULT_MIN_REL_CHANGE) * abs(then)
+        worse = (now - then) * BAD_DIRECTION.get(metric, 0)
+        return (now, then) if worse <= floor else None
 
     def _load_novelty(self, inc: Incident) -> float:
         """The peak offered load from the incident's onset to its first detection over the

@@ -20,7 +20,7 @@ from monitor.config import Settings, catalog_from
 from monitor.core.advisor import Advisor
 from monitor.core.correlator import AGGREGATE, SERVED_RISE, ChangePoint, Correlator, Incident
 from monitor.core.coverage import stage_of
-from monitor.core.exposure import EFFICIENCY
+from monitor.core.exposure import BACKLOG_LEVELS, EFFICIENCY
 from monitor.core.fleet import REPORT_VERSION, FleetStage, Report, encode_report, page_of
 from monitor.core.lifecycle import AlertLifecycle, AlertState
 from monitor.core.load import LOAD_SENSITIVE, back_to_expected
@@ -333,13 +333,18 @@ class Pipeline:
         return found, view, dead, (late, duplicate, len(rejected) - late - duplicate)
 
     def _expose(self, table: StreamTable, frame: Frame) -> None:
-        """Each pool's windows and request rate, and each serving pool layer's efficiency at
-        its minutes' peak load, for the advisor and the lifecycle (`core.exposure`); loops
+        """Each pool's windows and request rate, its queue and latency at its minutes' peak
+        load, and each serving pool layer's efficiency at them, for the advisor and the
+        lifecycle (`core.exposure`); loops
         over (pool group, window) aggregates, not over records."""
         rate = frame.pool_device_load[:, 1].tolist()
-        for gid, ts, load in zip(frame.pool_device_rows.tolist(), frame.pool_device_ts.tolist(),
-                                 rate, strict=True):  # fmt: skip
-            self.advisor.exposure.observe(table.group_key(gid)[0], ts, load)
+        backlog = frame.pool_device_values[:, _BACKLOG_COLS].tolist()
+        for gid, ts, load, lv in zip(frame.pool_device_rows.tolist(),
+                                     frame.pool_device_ts.tolist(), rate, backlog,
+                                     strict=True):  # fmt: skip
+            pool, model = table.group_key(gid)[:2]
+            self.advisor.exposure.observe(pool, ts, load)
+            self.advisor.exposure.observe_backlog((pool, model), ts, load, tuple(lv))
         # Per-layer efficiency at each minute's peak load, of pools that report a request
         # rate (training pools have no bursts to compare).
         layer_rate = frame.pool_layer_load[:, 1]
@@ -793,6 +798,7 @@ REPORT_POINTS = 1000
 _DEVICE_KINDS = tuple(k for k in STREAM_KINDS if not k.aggregate)
 _POOL_DEVICE = next(k.name for k in STREAM_KINDS if k.aggregate and k.columns == DEVICE_METRICS)
 _EFFICIENCY_COLS = np.array([LAYER_METRICS.index(m) for m in EFFICIENCY], dtype=np.int64)
+_BACKLOG_COLS = np.array([DEVICE_METRICS.index(m) for m in BACKLOG_LEVELS], dtype=np.int64)
 # Per column set: the columns judged on their complement (`indicators.COMPLEMENT`).
 _COMPLEMENT_COLS = {
     k.columns: np.array([i for i, m in enumerate(k.columns) if m in COMPLEMENT], dtype=np.int64)

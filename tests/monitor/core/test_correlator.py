@@ -184,6 +184,49 @@ def test_a_queue_at_a_load_the_pool_never_ran_is_capacity_even_after_a_change() 
     assert alert.severity == "page"
 
 
+def _queue_after_a_routing_change(wait_now: float):
+    """A routing change sent x1.3 the calm load (100 per device) to a pool a minute after a
+    burst at x1.83 ended; its devices' queue wait grew from 5 ms to `wait_now` as the pool
+    aggregate's did. The hour's bursts at x1.83 queued 60 ms."""
+    adv = Advisor()
+    adv.add_change(ChangeEvent(
+        v=1, ts=T0 - 5.0, id="chg-4", kind="traffic_policy", scope=ChangeScope(pool=POOL),
+        from_="weight=1.0", to="weight=1.3",
+    ))  # fmt: skip
+    for k in range(360 + 18):
+        ts = T0 - 3600.0 + 10.0 * k
+        burst = (k < 330 and k % 120 < 20) or 330 <= k < 354
+        load, wait = (183.0, 60.0) if burst else (130.0, wait_now) if k >= 360 else (100.0, 5.0)
+        adv.exposure.observe(POOL, ts, load)
+        adv.exposure.observe_backlog((POOL, MODEL), ts, load, (wait, wait / 100, 0, 0, 0, 0))
+    devs = [f"h{i}/gpu0" for i in range(8)]
+    # the load detectors found the burst's end, not the routing change's step
+    pts = [_pt(d, "req_rate", 183.0, 100.0, T0 - 60.0) for d in devs]
+    pts += [_pt(d, "queue_wait_ms", 5.0, wait_now, T0) for d in devs]
+    corr = Correlator()
+    corr.add(pts, T0 + 3 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    assert inc.load_ratio() < 1.0
+    return AlertLifecycle(AlertSettings(), adv).render(inc, T0 + 3 * W, 8, "firing")
+
+
+def test_a_queue_no_longer_than_at_a_higher_load_before_is_the_load_a_change_sent() -> None:
+    """A routing change that only sent more load leaves the queue within what the pool
+    showed at a higher load (a queue grows with the load): capacity, the change named
+    (`deploy_without_regression` seeds 14 and 15 paged it). Read window by window, the
+    load rose against the minute before the onset, though the detectors' latest step was
+    the burst's end. A queue longer than at that higher load is not the load's: a page."""
+    alert = _queue_after_a_routing_change(wait_now=25.0)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+    assert alert.suggestion.change_id == "chg-4"
+    assert "x1.30" in alert.summary
+    assert "60 at a higher load" in alert.summary
+    alert = _queue_after_a_routing_change(wait_now=90.0)
+    assert alert.bottleneck == "ingress"
+    assert alert.severity == "page"
+
+
 def test_a_traffic_change_long_before_a_bursts_queue_does_not_explain_it() -> None:
     """A traffic-weight change 27 minutes before a burst's queue is no rollback: the burst
     is capacity, like every burst before it (a healthy fleet paged on exactly this)."""

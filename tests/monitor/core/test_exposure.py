@@ -133,3 +133,44 @@ def test_the_offered_load_around_an_onset_is_read_window_by_window() -> None:
     # windows older than the span kept one by one are forgotten
     exp.prune(T0 + 3 * 3600)
     assert math.isnan(exp.offered_ratio("serve", onset, 6 * W, 2 * W, 300.0))
+
+
+def _minutes(exp: PoolExposure, start: float, minutes: int, load: float, wait: float) -> None:
+    """`minutes` whole minutes of a (serve, m) aggregate from `start`: a window every 10 s
+    at `load` per device with `wait` ms of queue (the other backlog columns follow it)."""
+    for k in range(6 * minutes):
+        levels = (wait, wait / 100.0, 2 * wait, 3 * wait, 4 * wait, 0.0)
+        exp.observe_backlog(("serve", "m"), start + 10.0 * k, load, levels)
+
+
+def test_a_queue_is_bounded_by_the_nearest_higher_load_the_pool_ran_at() -> None:
+    """Calm at 100 per device (10 ms), bursts at 180 (60 ms) and 250 (150 ms), a lone
+    minute at 140 (one minute is a burst's ragged edge, not a level). At 130 the nearest
+    higher load with two minutes or more is 180: its queue bounds this load's; at 200 it
+    is 250; above every earlier load there is no bound. Minutes from `before_ts` on do not
+    count; the minutes since an onset read back at their peak load."""
+    exp = PoolExposure()
+    t = T0 - T0 % 60
+    _minutes(exp, t, 10, 100.0, 10.0)
+    _minutes(exp, t + 600, 3, 180.0, 60.0)
+    _minutes(exp, t + 780, 10, 100.0, 10.0)
+    _minutes(exp, t + 1380, 1, 140.0, 5.0)
+    _minutes(exp, t + 1440, 4, 250.0, 150.0)
+    _minutes(exp, t + 1680, 10, 100.0, 10.0)
+    before = t + 2280
+    assert exp.backlog_bound(("serve", "m"), "queue_wait_ms", 130.0, before) == 60.0
+    assert exp.backlog_bound(("serve", "m"), "lat_p99_ms", 130.0, before) == 240.0
+    assert exp.backlog_bound(("serve", "m"), "queue_wait_ms", 200.0, before) == 150.0
+    # within the rate's floor below an earlier load is that load
+    assert exp.backlog_bound(("serve", "m"), "queue_wait_ms", 255.0, before) == 150.0
+    assert exp.backlog_bound(("serve", "m"), "queue_wait_ms", 300.0, before) is None
+    assert exp.backlog_bound(("serve", "m"), "queue_wait_ms", 200.0, t + 1440) is None
+    assert exp.backlog_bound(("other", "m"), "queue_wait_ms", 130.0, before) is None
+    _minutes(exp, before, 3, 130.0, 25.0)
+    assert exp.backlog_since(("serve", "m"), "queue_wait_ms", before, before + 170) == 25.0
+    assert exp.backlog_since(("serve", "m"), "queue_wait_ms", before + 600, before + 700) is None
+    # a training pool reports no request rate: nothing kept
+    exp.observe_backlog(("train", "m"), before, math.nan, (1.0,) * 6)
+    assert exp.backlog_since(("train", "m"), "queue_wait_ms", before, before + 60) is None
+    exp.prune(before + 7 * 3600)
+    assert exp.backlog_since(("serve", "m"), "queue_wait_ms", before, before + 170) is None
