@@ -19,6 +19,7 @@ from monitor.core.coverage import BIT
 from monitor.indicators import (
     BACKLOG,
     BAD_DIRECTION,
+    COMPLEMENT,
     CORROBORATING,
     DEFAULT_MIN_REL_CHANGE,
     HEAT,
@@ -28,6 +29,7 @@ from monitor.indicators import (
     MIN_REL_CHANGE,
     PRIMARY_ORDER,
     QUEUEING,
+    SHEDDING,
     is_primary,
 )
 from monitor.wire import STAGES, ScopeLevel, Stage
@@ -41,6 +43,9 @@ LEAD_WINDOWS = 6
 # Device field of change points found on (pool, model, layer) aggregates, not on a device.
 AGGREGATE = "pool:"
 SUPPORT_SHARE = 0.25
+# Rates of rare events per request: a device sees one every few windows, so its onset
+# lags; the pool's aggregate dates it (`Incident.aggregate_onset`).
+RARE_EVENTS = SHEDDING | COMPLEMENT
 # Offered load this far above the pool's recent level makes a queueing-only incident
 # overload (`advisor.bottleneck_class`), and holds back a collective's waits.
 OVERLOAD_RATIO = 1.25
@@ -208,6 +213,30 @@ class Incident:
         next burst joins the incident but does not move when it began.
         """
         return self._first_wave_median(lambda p: p.onset_ts)
+
+    def aggregate_onset(self) -> float:
+        """For a rate of rare events (failed requests, wrong answers), when it began moving
+        on its pool's aggregates: the median onset of those that moved its way in the
+        grouping window before its onset (or up to two windows after), where that is
+        earlier than its own onset; its own otherwise, and for any other metric.
+
+        An aggregate counts every device's events: where each device sees one every few
+        windows its first shifted windows come late by chance (none in a window has odds
+        e^-rate), so the devices' median onset lags the change, while the pool's sum dates
+        it within a window or two."""
+        metric, onset = self.primary_metric, self.onset_ts
+        if metric not in RARE_EVENTS:
+            return onset
+        layers: set[str | None] = set(self.layers) or {None}
+        sign = BAD_DIRECTION.get(metric, 0)
+        found = [
+            e.onset_ts
+            for e in self.evidence
+            if e.is_aggregate and e.metric == metric and e.layer in layers
+            and (e.after - e.before) * sign > 0
+            and onset - self.group_window_s <= e.onset_ts <= onset + 2 * self.window_s
+        ]  # fmt: skip
+        return min(onset, float(median(found))) if found else onset
 
     @property
     def latest_onset(self) -> float:

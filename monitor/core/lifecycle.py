@@ -596,8 +596,10 @@ class AlertLifecycle:
         # Failures with no backlog seen (`errors`) likewise: a release that fails requests
         # fails them from its first window; failures that began at a burst long after a
         # deploy look like what the burst sheds, whatever the release.
+        # The lead is counted from when the pool's aggregates began to move, where they
+        # date the change before its devices do (`Incident.aggregate_onset`).
         lead = bottleneck == "overload" or (bottleneck == "errors" and metric in SHEDDING)
-        since = inc.onset_ts - LEAD_WINDOWS * inc.window_s if lead else None
+        since = inc.aggregate_onset() - LEAD_WINDOWS * inc.window_s if lead else None
         suggestion = self.advisor.suggest(
             inc, stage, bottleneck, guardrail(what, metric, before, self.s), level, since=since
         )

@@ -13,7 +13,7 @@ from monitor.core.correlator import ChangePoint, Correlator
 from monitor.core.coverage import BIT
 from monitor.core.lifecycle import AlertLifecycle, heat_severity, severity
 from monitor.indicators import STAGE_OF
-from monitor.wire import Alert
+from monitor.wire import Alert, ChangeEvent, ChangeScope
 
 T0, W = 1_000_000.0, 10.0
 POOL, OLD, NEW = "serve-a", "llama-8b@v3", "llama-8b@v4"
@@ -487,3 +487,37 @@ def test_a_ticket_waits_for_the_evidence_that_would_class_it_capacity() -> None:
     sent += [a for w in range(12, 40) for a in life.due(corr.incidents, onset + w * W, counts)]
     assert sent
     assert {(a.severity, a.bottleneck) for a in sent} == {("info", "overload")}
+
+
+def test_failures_a_pool_aggregate_dates_to_a_deploy_name_it() -> None:
+    """A release fails 0.4 % of requests, one every few windows per device: each device's
+    detector dates its first failures 8 windows after the deploy, by chance, and failures
+    begun more than 6 windows after a change are not its (a burst sheds them too). The
+    pool's aggregates, summing every device's failures, dated them on the deploy's next
+    window: the deploy is the rollback. Without the aggregates it is not named."""
+    counts = {(POOL, OLD): 16}
+    deploy = T0 - 8 * W
+    devs = [f"node-{i // 8:03d}/gpu{i % 8}" for i in range(16)]
+
+    def rollback(aggregates: bool) -> str | None:
+        adv = Advisor()
+        adv.add_change(ChangeEvent(
+            v=1, ts=deploy, id="chg-9", kind="model", scope=ChangeScope(pool=POOL),
+            from_="llama-8b@v2", to=OLD,
+        ))  # fmt: skip
+        for w in range(-60, 60):
+            adv.exposure.observe(POOL, T0 + w * W, 29.0)
+        pts = [replace(_shedding(d, T0), before=0.0, after=0.004) for d in devs]
+        if aggregates:
+            pts += [
+                replace(_shedding(f"pool:{POOL}#{k}", deploy + W), host="", before=0.0,
+                        after=0.004, members=4)
+                for k in range(4)
+            ]  # fmt: skip
+        corr = Correlator()
+        corr.add(pts, T0 + 4 * W, counts)
+        (alert,) = AlertLifecycle(AlertSettings(), adv).due(corr.incidents, T0 + 60 * W, counts)
+        return alert.suggestion.change_id
+
+    assert rollback(aggregates=True) == "chg-9"
+    assert rollback(aggregates=False) is None
