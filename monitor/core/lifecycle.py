@@ -685,10 +685,12 @@ class AlertLifecycle:
         two; the latest step found may be the last burst's end. Read against that, the
         load seems to have fallen, and the backlog reads as a regression. A rise within
         the request rate's reporting floor (`SERVED_RISE`) is no rise. The rate is read
-        against the grouping window before the lead a cause may have, and against the
-        lead's windows themselves: a burst that ended just before the onset leaves the
-        first reading high and the second shows the rise. The measurement is kept per
-        alert: the windows it was read from age out.
+        against the grouping window before the lead a cause may have, and, for a queue,
+        latency or failures, against the lead's windows themselves: a burst that ended
+        just before the onset leaves the first reading high and the second shows the rise
+        (what follows load with no backlog, heat or served work, follows it at once and is
+        read on the first alone). The measurement is kept per alert: the windows it was
+        read from age out.
         """
         ratio = inc.load_ratio()
         sent = self.states.get(inc.alert_id or "")
@@ -697,9 +699,13 @@ class AlertLifecycle:
         else:
             lead = LEAD_WINDOWS * inc.window_s
             exposure = self.advisor.exposure
+            # A backlog right after a burst's end reads the 6 windows before it too.
+            spans: tuple[tuple[float, float], ...] = ((lead, inc.group_window_s), (0.0, lead))
+            if inc.primary_metric not in BACKLOG:
+                spans = spans[:1]
             raws = [
                 exposure.offered_ratio(inc.pool, inc.onset_ts, lead, 2 * inc.window_s, span)
-                for lead, span in ((lead, inc.group_window_s), (0.0, lead))
+                for lead, span in spans
             ]
             raw = max((r for r in raws if math.isfinite(r)), default=math.nan)
             if not math.isfinite(raw):
