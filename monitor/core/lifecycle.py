@@ -704,8 +704,8 @@ class AlertLifecycle:
             if inc.primary_metric not in BACKLOG:
                 spans = spans[:1]
             raws = [
-                exposure.offered_ratio(inc.pool, inc.onset_ts, lead, 2 * inc.window_s, span)
-                for lead, span in spans
+                exposure.offered_ratio(inc.pool, inc.onset_ts, skip, 2 * inc.window_s, span)
+                for skip, span in spans
             ]
             raw = max((r for r in raws if math.isfinite(r)), default=math.nan)
             if not math.isfinite(raw):
