@@ -174,14 +174,21 @@ def test_a_queue_at_a_load_the_pool_never_ran_is_capacity_even_after_a_change() 
     the load. A capacity record naming the change (`deploy_without_regression` seed 8
     paged it). Had the pool run at that load before, the change explains the queue."""
     alert = _queue_after_a_change(earlier_peak=183.0)
-    assert alert.bottleneck == "overload"
-    assert alert.severity == "info"
-    assert alert.suggestion.change_id == "chg-3"
+    _assert_capacity_naming(alert, "chg-3")
     assert "capacity" in alert.summary
     assert "traffic_policy" in alert.summary
-    alert = _queue_after_a_change(earlier_peak=225.0)
-    assert alert.bottleneck == "ingress"
-    assert alert.severity == "page"
+    _assert_ingress_page(_queue_after_a_change(earlier_peak=225.0))
+
+
+def _assert_capacity_naming(alert, change_id: str) -> None:
+    """An `info` capacity record that still names the change as its rollback."""
+    assert (alert.bottleneck, alert.severity) == ("overload", "info"), alert.summary
+    assert alert.suggestion.change_id == change_id
+
+
+def _assert_ingress_page(alert) -> None:
+    """A regression page at `ingress`: the change explains the queue."""
+    assert (alert.bottleneck, alert.severity) == ("ingress", "page"), alert.summary
 
 
 def _queue_after_a_routing_change(wait_now: float):
@@ -217,14 +224,10 @@ def test_a_queue_no_longer_than_at_a_higher_load_before_is_the_load_a_change_sen
     load rose against the minute before the onset, though the detectors' latest step was
     the burst's end. A queue longer than at that higher load is not the load's: a page."""
     alert = _queue_after_a_routing_change(wait_now=25.0)
-    assert alert.bottleneck == "overload"
-    assert alert.severity == "info"
-    assert alert.suggestion.change_id == "chg-4"
+    _assert_capacity_naming(alert, "chg-4")
     assert "x1.30" in alert.summary
     assert "60 at a higher load" in alert.summary
-    alert = _queue_after_a_routing_change(wait_now=90.0)
-    assert alert.bottleneck == "ingress"
-    assert alert.severity == "page"
+    _assert_ingress_page(_queue_after_a_routing_change(wait_now=90.0))
 
 
 def test_a_traffic_change_long_before_a_bursts_queue_does_not_explain_it() -> None:
