@@ -227,13 +227,11 @@ class Incident:
         metric, onset = self.primary_metric, self.onset_ts
         if metric not in RARE_EVENTS:
             return onset
-        layers: set[str | None] = set(self.layers) or {None}
         sign = BAD_DIRECTION.get(metric, 0)
         found = [
             e.onset_ts
-            for e in self.evidence
-            if e.is_aggregate and e.metric == metric and e.layer in layers
-            and (e.after - e.before) * sign > 0
+            for e in self.primary_aggregates()
+            if (e.after - e.before) * sign > 0
             and onset - self.group_window_s <= e.onset_ts <= onset + 2 * self.window_s
         ]  # fmt: skip
         return min(onset, float(median(found))) if found else onset
@@ -295,6 +293,13 @@ class Incident:
         m = self.primary_metric
         return [p for p in self.points if p.metric == m]
 
+    def primary_aggregates(self) -> list[ChangePoint]:
+        """The pool aggregates' points of its primary metric, on its layers."""
+        metric = self.primary_metric
+        layers: set[str | None] = set(self.layers) or {None}
+        return [e for e in self.evidence
+                if e.is_aggregate and e.metric == metric and e.layer in layers]  # fmt: skip
+
     def aggregate_share(self, pool_devices: int = 0) -> float:
         """The share of its pool its primary metric moved on, as the pool aggregates tell it
         (0.0: no aggregate of that metric and layer moved at its onset).
@@ -308,12 +313,8 @@ class Incident:
         nothing) that sum over the pool's devices is the share. Without the pool's size or
         an aggregate's devices, the median aggregate's shift over theirs.
         """
-        metric = self.primary_metric
-        layers: set[str | None] = set(self.layers) or {None}
         near = 2 * self.window_s
-        moved = [e for e in self.evidence
-                 if e.is_aggregate and e.metric == metric and e.layer in layers
-                 and abs(e.onset_ts - self.onset_ts) <= near]  # fmt: skip
+        moved = [e for e in self.primary_aggregates() if abs(e.onset_ts - self.onset_ts) <= near]
         own = median(p.after - p.before for p in self.primary_points())
         if not moved or own == 0.0:
             return 0.0
@@ -577,17 +578,12 @@ class Incident:
         )
         # Enough devices, and the pool aggregate of the same metric moved with them: the
         # pool shifted, even if the devices are too few or too scattered to say so alone.
-        metric = self.primary_metric
-        layers: set[str | None] = set(self.layers) or {None}
         first = min(t for t, _ in first_seen.values())
         by_aggregate = min(
             (
                 max(e.detected_ts, first)
-                for e in self.evidence
-                if e.is_aggregate
-                and e.metric == metric
-                and e.layer in layers
-                and abs(e.onset_ts - self.onset_ts) <= near
+                for e in self.primary_aggregates()
+                if abs(e.onset_ts - self.onset_ts) <= near
             ),
             default=math.inf,
         )

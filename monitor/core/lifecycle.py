@@ -827,9 +827,7 @@ class AlertLifecycle:
         )  # fmt: skip
         if then is None:
             return None
-        floor = MIN_REL_CHANGE.get(metric, DEFAULT_MIN_REL_CHANGE) * abs(then)
-        worse = (after - then) * BAD_DIRECTION.get(metric, 0)
-        return then if worse <= floor else None
+        return then if _no_worse(metric, after, then) else None
 
     def _backlog_bound(
         self, inc: Incident, metric: str, load: float, moved: set[str], classed: set[str]
@@ -853,9 +851,7 @@ class AlertLifecycle:
         now = exposure.backlog_since(key, metric, inc.onset_ts, inc.found_ts)
         if then is None or now is None:
             return None
-        floor = MIN_REL_CHANGE.get(metric, DEFAULT_MIN_REL_CHANGE) * abs(then)
-        worse = (now - then) * BAD_DIRECTION.get(metric, 0)
-        return (now, then) if worse <= floor else None
+        return (now, then) if _no_worse(metric, now, then) else None
 
     def _load_novelty(self, inc: Incident) -> float:
         """The peak offered load from the incident's onset to its first detection over the
@@ -889,6 +885,12 @@ class AlertLifecycle:
             ):
                 newest[p.device] = p
         return not_judged(p.fields for p in newest.values())
+
+
+def _no_worse(metric: str, now: float, then: float) -> bool:
+    """Whether `now` is no worse than `then` by the metric's reporting floor."""
+    floor = MIN_REL_CHANGE.get(metric, DEFAULT_MIN_REL_CHANGE) * abs(then)
+    return (now - then) * BAD_DIRECTION.get(metric, 0) <= floor
 
 
 def tolerance(metric: str, s: AlertSettings) -> float:
