@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from factories import fleet
 
-from bench.diagnose import ScenarioResult, score, seed_list, summarize
+from bench.diagnose import HOLDOUT, ScenarioResult, score, seed_list, seed_sets, summarize
 from monitor.config import Settings
 from monitor.core.pipeline import Pipeline
 
@@ -21,6 +21,16 @@ def test_seed_lists() -> None:
     for bad in ("", "a-b", "1-", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             seed_list(bad)
+
+
+def test_holdout_seeds_are_reported_apart_wherever_they_were_asked_for() -> None:
+    """A holdout seed in --seeds is a holdout run, never a tuning one."""
+    assert seed_sets([1, 2], holdout=False) == {"tuning": [1, 2]}
+    assert seed_sets([1, 2], holdout=True) == {"tuning": [1, 2], "holdout": HOLDOUT}
+    assert seed_sets([99, 101, 102, 106], holdout=False) == {
+        "tuning": [99, 106], "holdout": [101, 102]}  # fmt: skip
+    assert seed_sets([103], holdout=False) == {"holdout": [103]}
+    assert seed_sets([103], holdout=True) == {"holdout": HOLDOUT}
 
 
 def test_pooled_keys_and_rates() -> None:
