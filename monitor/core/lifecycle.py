@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 from typing import TYPE_CHECKING, Literal
@@ -109,6 +110,10 @@ class AlertState:
     healthy_windows: int = 0
     bad_loads: list[float] = field(default_factory=list)  # batch sizes of broken windows
     recovered: set[str] = field(default_factory=set)  # devices whose metric stepped back
+    # When each step back was found (its `detected_ts`): a window counts those found by
+    # its own time only, so when the incident resolves does not depend on how many windows
+    # a batch brought. Absent (older checkpoints): known from the start.
+    recovered_at: dict[str, float] = field(default_factory=dict)
     # Per sink: what may still be open there (`AlertmanagerSink.delivery_state`), kept by
     # the runner so that the checkpoint carries it to a restarted or new owner.
     delivery: dict[str, dict[str, list[str]]] = field(default_factory=dict)
@@ -121,6 +126,15 @@ class AlertState:
     # A cooling fault's devices whose clock stepped down after its record (`_escalate`),
     # sorted: heat and the clock now agree, so work is lost and the record pages.
     throttled: list[str] = field(default_factory=list)
+    # Windows after `observed_ts` not judged yet, by window time: sums over the streams
+    # that reported so far (`_PENDING`). Partitions are drained unevenly and a fetch can
+    # end inside a window, so a window is judged once complete, not on its first part.
+    pending: dict[float, list[float]] = field(default_factory=dict)
+
+
+# A pending window's sums: the primary metric (sum, count), the batch (sum, count) and
+# the temperature of the incident's heat (sum, count).
+_PENDING = 6
 
 
 class AlertLifecycle:
@@ -168,7 +182,11 @@ class AlertLifecycle:
                 if p.metric != inc.primary_metric:
                     continue
                 if any(q.device == p.device and q.layer == p.layer for q in inc.primary_points()):
-                    self.state(inc).recovered.add(p.device)
+                    st = self.state(inc)
+                    st.recovered.add(p.device)
+                    st.recovered_at[p.device] = min(
+                        st.recovered_at.get(p.device, math.inf), p.detected_ts
+                    )
 
     def forget(self, alert_ids: set[str]) -> None:
         """Drop the alert state of incidents this member no longer holds."""
@@ -482,19 +500,24 @@ class AlertLifecycle:
                     inc.children.append(other)
 
     def observe(
-        self, incidents: list[Incident], views: list[NormView], n_pool: dict[PoolKey, int]
+        self,
+        incidents: list[Incident],
+        views: list[NormView],
+        n_pool: dict[PoolKey, int],
+        reached: float,
     ) -> list[Alert]:
         """Track recovery of paged incidents; resolved alerts for those back to baseline.
 
         Recovery is judged on the values as the detector saw them (load-normalised),
         so a quiet hour does not look like a fix and a burst does not look like a relapse.
+        `reached`: the event time every active partition has reached (the watermark).
         """
         out: list[Alert] = []
         paged = self._pages(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
-            t = self._recovered_at(inc, views)
+            t = self._recovered_at(inc, views, reached)
             if t is None:
                 continue
             for member in (inc, *inc.children):
@@ -508,43 +531,54 @@ class AlertLifecycle:
                 out.append(self.render(inc, t, n, "resolved", shown=_shown_before(inc, paged)))
         return out
 
-    def _recovered_at(self, inc: Incident, views: list[NormView]) -> float | None:
-        """The window at which a paged incident counts as fixed, if this batch has it."""
+    def _recovered_at(self, inc: Incident, views: list[NormView], reached: float) -> float | None:
+        """The window at which a paged incident counts as fixed, if this batch completes it.
+
+        A window is judged once all the incident's headline streams reported it, or once
+        every active partition has passed it (`reached`; a stream went silent): judged on
+        the part of it one partition or one fetch brought, a window is a smaller sample,
+        and when the incident resolves would depend on how records were batched.
+        """
         st = self.state(inc)
         metric = inc.primary_metric
         # The level each device left when the incident began on it: a device found again
         # later (noise on the degraded level, the same fault at the next burst) started
         # that point from the degraded level, which is no level to recover to.
-        first = _first_per_device(inc.headline_points())
+        headline = inc.headline_points()
+        first = _first_per_device(headline)
         before = judged(metric, median(p.norm_before for p in first))
         sign = judged_sign(metric)
         # Recovery needs a step back on most devices, not a slow drift of the
         # expectation: a frozen load model extrapolating a new load range is no fix.
-        stepped = len(st.recovered) * 2 >= len({p.device for p in inc.primary_points()})
+        # Counted per window by when each step back was found, as a window-by-window
+        # replay would: a batch of many windows knows at its first the steps of its last.
+        need = len({p.device for p in inc.primary_points()})
+        found = sorted(st.recovered_at.get(d, -math.inf) for d in st.recovered)
         # A throttle cycles (the clock steps back up as the die cools, and down as it
         # heats): while the heat that drove it is still there, the fault is too.
         heat = [
             p for (_, m, _), pts in inc.supporting().items() if m in HEAT and m != metric
             for p in pts if p.is_regression and not p.is_aggregate
         ]  # fmt: skip
-        hot: dict[float, float] = {}
         heat_bound = math.inf
         if heat:
             floor = MIN_REL_CHANGE.get("temp_c", DEFAULT_MIN_REL_CHANGE)
             heat_bound = _spans(heat)[0] * (1 + floor)
-            hot = {t: v for t, v, _ in _window_levels(inc, views, "temp_c", heat)}
-        for t, raw, batch in _window_levels(inc, views):
-            # A batch can reach back before the detection: judge only later windows.
-            if t <= max(st.observed_ts, inc.detected_ts):
-                continue
-            level = judged(metric, raw)
-            st.observed_ts = t
+        # A batch can reach back before the detection: only later windows are held.
+        after = max(st.observed_ts, inc.detected_ts)
+        _hold(st, after, _window_sums(inc, views), 0)
+        if heat:
+            _hold(st, after, _window_sums(inc, views, "temp_c", heat), 4)
+        streams = len({(p.partition, p.row) for p in headline})
+        for t, sums in _complete(st, streams, reached):
+            level = judged(metric, sums[0] / sums[1])
+            batch = sums[2] / sums[3] if sums[3] else math.nan
             if (level - before) * sign > tolerance(metric, self.s) * abs(before):
                 if math.isfinite(batch):
                     st.bad_loads = [*st.bad_loads[-63:], batch]
                 st.healthy_windows = 0
                 continue
-            if heat and not hot.get(t, math.inf) <= heat_bound:
+            if heat and not (sums[5] and sums[4] / sums[5] <= heat_bound):
                 st.healthy_windows = 0
                 continue
             # A regression that shows only under burst load looks healthy between
@@ -552,7 +586,9 @@ class AlertLifecycle:
             if st.bad_loads and batch < LOAD_EVIDENCE * median(st.bad_loads):
                 continue
             st.healthy_windows += 1
+            stepped = 2 * bisect_right(found, t) >= need
             if stepped and st.healthy_windows >= self.s.resolve_windows:
+                st.pending.clear()
                 return t
         return None
 
@@ -1431,14 +1467,15 @@ def _first_per_device(pts: list[ChangePoint]) -> list[ChangePoint]:
     return list(first.values())
 
 
-def _window_levels(
+def _window_sums(
     inc: Incident,
     views: list[NormView],
     metric: str | None = None,
     pts: list[ChangePoint] | None = None,
-) -> list[tuple[float, float, float]]:
-    """(window ts, mean normalised metric, mean batch) over the streams of `pts` (the
-    primary metric over the incident's headline streams unless given)."""
+) -> dict[float, tuple[float, int, float, int]]:
+    """Per window in these views: (sum, count) of the normalised metric and of the batch
+    over the streams of `pts` (the primary metric over the incident's headline streams
+    unless given); non-finite values left out."""
     metric = metric or inc.primary_metric
     on_layer = metric in LAYER_METRICS
     col = (LAYER_METRICS if on_layer else DEVICE_METRICS).index(metric)
@@ -1457,18 +1494,44 @@ def _window_levels(
         v_parts.append(vals[mask, col])
         b_parts.append(load[mask, 0])
     if not ts_parts:
-        return []
+        return {}
     win_ts, inv = np.unique(np.concatenate(ts_parts), return_inverse=True)
     out = []
     for values in (np.concatenate(v_parts), np.concatenate(b_parts)):
         ok = np.isfinite(values)
-        sums = np.bincount(inv[ok], weights=values[ok], minlength=win_ts.size)
-        counts = np.bincount(inv[ok], minlength=win_ts.size)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out.append(sums / counts)
-    level, batch = out
-    return [
-        (float(t), float(v), float(b))
-        for t, v, b in zip(win_ts, level, batch, strict=True)
-        if math.isfinite(v)
-    ]
+        out.append(np.bincount(inv[ok], weights=values[ok], minlength=win_ts.size))
+        out.append(np.bincount(inv[ok], minlength=win_ts.size))
+    return {
+        float(t): (float(v), int(n), float(b), int(m))
+        for t, v, n, b, m in zip(win_ts, *out, strict=True)
+    }
+
+
+def _hold(
+    st: AlertState, after: float, sums: dict[float, tuple[float, int, float, int]], at: int
+) -> None:
+    """Add windows' sums (`_window_sums`) later than `after` to the pending ones, from
+    position `at` (0: the primary metric and batch; 4: the heat)."""
+    for t, (v, n, b, m) in sums.items():
+        if t <= after:
+            continue
+        held = st.pending.setdefault(t, [0.0] * _PENDING)
+        held[at] += v
+        held[at + 1] += n
+        if at == 0:
+            held[2] += b
+            held[3] += m
+
+
+def _complete(st: AlertState, streams: int, reached: float) -> Iterator[tuple[float, list[float]]]:
+    """The pending windows complete (all `streams` reported, or every active partition
+    passed it), oldest first, each taken out as it is given; one not complete holds the
+    later ones back."""
+    for t in sorted(st.pending):
+        sums = st.pending[t]
+        if sums[1] < streams and t >= reached:
+            return
+        del st.pending[t]
+        st.observed_ts = t
+        if sums[1]:
+            yield t, sums

@@ -478,7 +478,7 @@ class Pipeline:
         open_incidents = [i for i in self.correlator.incidents if i.status == "open"]
         if open_incidents:
             out.alerts.extend(self.lifecycle.due(open_incidents, now, counts, self.host_sizes()))
-            out.alerts.extend(self.lifecycle.observe(open_incidents, views, counts))
+            out.alerts.extend(self.lifecycle.observe(open_incidents, views, counts, now))
             self._hold_load_models(out.alerts)
         self.correlator.drop_resolved(now, keep_s=4 * self.settings.alerts.group_window_s)
         self.lifecycle.keep({i.alert_id for i in self.correlator.incidents if i.alert_id})

@@ -100,6 +100,34 @@ def test_recovery_resolves_the_alert() -> None:
     assert statuses[-1][1] == "resolved"
 
 
+def _resolved_ts(batches: list[list[RawMessage]], per: int) -> float:
+    """When the alert resolves, with `per` windows to a batch."""
+    p = Pipeline(Settings())
+    merged = [[m for b in batches[i : i + per] for m in b] for i in range(0, len(batches), per)]
+    return next(a.ts for b in merged for a in p.process(b).alerts if a.status == "resolved")
+
+
+def _skewed(batches: list[list[RawMessage]], ahead: int, by: int) -> list[list[RawMessage]]:
+    """The batches with partition `ahead` consumed `by` windows before the others."""
+    out = []
+    for w in range(len(batches) + by):
+        b = [m for m in batches[w] if m.partition == ahead] if w < len(batches) else []
+        if w >= by:
+            b += [m for m in batches[w - by] if m.partition != ahead]
+        out.append(b)
+    return out
+
+
+def test_the_resolve_does_not_depend_on_how_records_were_batched() -> None:
+    """A fetch of many windows knows at its first window the steps back found at its last,
+    and a partition drained ahead brings only its part of a window: the alert resolves on
+    the same window as when each window comes alone and whole."""
+    batches = fleet(80, regress_at=40, change_at=39) + fleet(120, seed=9)[80:]
+    alone = _resolved_ts(batches, 1)
+    assert [_resolved_ts(batches, per) for per in (4, 8)] == [alone, alone]
+    assert [_resolved_ts(_skewed(batches, p, 3), 1) for p in (0, 2)] == [alone, alone]
+
+
 def test_bad_input_goes_to_dead_letters_without_losing_good_records() -> None:
     """Malformed, invalid and late records are rejected with reasons; the rest still count."""
     p = Pipeline(Settings())
