@@ -720,6 +720,8 @@ class Correlator:
             inc = self._home(p, sizes.get((p.pool, p.model), 0))
             inc.points.append(p)
             touched[id(inc)] = inc
+        for inc in self._fold_stragglers():
+            touched[id(inc)] = inc
         for inc in self.incidents:
             if inc.status == "open":
                 inc.pool_size = max(inc.pool_size, sizes.get((inc.pool, inc.model), 0))
@@ -848,6 +850,39 @@ class Correlator:
             if e.pool == p.pool and e.model == p.model and e.is_regression
             and STAGES.index(e.stage) < rank and e.metric not in _NOT_A_STAGE_WORSE
         )  # fmt: skip
+
+    def _fold_stragglers(self) -> list[Incident]:
+        """Cooling faults that opened on their own, not paged yet, whose devices an open
+        incident of their pool now names as the stragglers its collective waits for: each
+        joins that incident (returned), as its cause. The heat is judged `LEAD_WINDOWS`
+        after it was found, and the waits that name the straggler can be found later."""
+        heat = [
+            i for i in self.incidents
+            if i.status == "open" and i.alert_id is None and i.primary_metric in HEAT
+            and i.parent is None and not i.children
+        ]  # fmt: skip
+        if not heat:
+            return []
+        out: list[Incident] = []
+        folded: set[int] = set()
+        own = {id(h) for h in heat}
+        hosts = [i for i in self.incidents if i.status == "open" and id(i) not in own]
+        for inc in hosts:
+            fits = [
+                h for h in heat
+                if id(h) not in folded and (h.pool, h.model) == (inc.pool, inc.model)
+                and abs(h.anchor_ts - inc.anchor_ts) <= self.group_window_s
+            ]  # fmt: skip
+            stragglers = inc.stragglers() if fits else set()
+            for h in (h for h in fits if h.devices <= stragglers):
+                known = {id(e) for e in inc.evidence}
+                inc.points.extend(h.points)
+                inc.evidence.extend(e for e in h.evidence if id(e) not in known)
+                folded.add(id(h))
+                out.append(inc)
+        if folded:
+            self.incidents = [i for i in self.incidents if id(i) not in folded]
+        return out
 
     def _heat_match(self, p: ChangePoint) -> Incident | None:
         """A cooling fault joins what its own device shows (a throttle found first) or the
