@@ -853,9 +853,11 @@ class Correlator:
 
     def _fold_stragglers(self) -> list[Incident]:
         """Cooling faults that opened on their own, not paged yet, whose devices an open
-        incident of their pool now names as the stragglers its collective waits for: each
-        joins that incident (returned), as its cause. The heat is judged `LEAD_WINDOWS`
-        after it was found, and the waits that name the straggler can be found later."""
+        incident of their pool already sent now names as the stragglers its collective
+        waits for: each joins that incident (returned), as its cause. The heat is judged
+        `LEAD_WINDOWS` after it was found, and the waits that name the straggler can be
+        found later. An incident not sent yet may never be sure (a few members' waits):
+        the fault's own page must not wait on it."""
         heat = [
             i for i in self.incidents
             if i.status == "open" and i.alert_id is None and i.primary_metric in HEAT
@@ -866,7 +868,10 @@ class Correlator:
         out: list[Incident] = []
         folded: set[int] = set()
         own = {id(h) for h in heat}
-        hosts = [i for i in self.incidents if i.status == "open" and id(i) not in own]
+        hosts = [
+            i for i in self.incidents
+            if i.status == "open" and i.alert_id is not None and id(i) not in own
+        ]  # fmt: skip
         for inc in hosts:
             fits = [
                 h for h in heat

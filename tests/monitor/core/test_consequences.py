@@ -328,27 +328,40 @@ def test_a_cooling_fault_and_its_jobs_slower_steps_sure_in_one_record_page_once(
         assert [(a.metric, a.severity) for a in alerts] == [("temp_c", "page")], order
 
 
-def test_a_cooling_fault_joins_the_job_that_later_names_it_its_straggler() -> None:
-    """The cooling fault of two members opened on its own: the job's waits at the collective
-    were not found yet. Once they are, the job's incident names those members as what it
-    waits for, and the fault, not paged yet, joins it: one page for one fault."""
+def _job_and_its_cooling_fault(job_sent: bool) -> Correlator:
+    """Two members heat and throttle; the six others of their host slow down (their
+    incident sent, if `job_sent`), the heat is judged a cooling fault of its own, and
+    then the job's waits at the collective are found."""
     peers = [f"n0/gpu{i}" for i in range(8) if f"n0/gpu{i}" not in THROTTLED]
-    counts, hosts = TRAIN_COUNTS, TRAIN_HOSTS
+    counts = TRAIN_COUNTS
     corr = Correlator()
     heat, clocks = _heat_and_clocks()
     corr.add(heat + clocks, T0 + 5 * W, counts)
     slow = [_train_pt(d, "device_mfu", 0.45, 0.41, T0 + 3 * W, 4) for d in peers]
     corr.add(slow, T0 + 6 * W, counts)
+    if job_sent:
+        corr.incidents[0].alert_id = "fw-job"  # as the lifecycle does with a first record
     corr.add([], T0 + 9 * W, counts)  # the heat is judged a cooling fault
     assert [i.primary_metric for i in corr.incidents] == ["device_mfu", "temp_c"]
     waits = [_train_pt(d, "sync_frac", 0.03, 0.2, T0 + 3 * W, 7, "allreduce") for d in peers]
     corr.add(waits, T0 + 10 * W, counts)
+    return corr
+
+
+def test_a_cooling_fault_joins_the_job_that_later_names_it_its_straggler() -> None:
+    """The cooling fault of two members opened on its own: the job's waits at the collective
+    were not found yet. Once they are, the job's incident, already sent, names those
+    members as what it waits for, and the fault, not paged yet, joins it: one page for
+    one fault. A job's incident not sent yet (it may never be sure) takes nothing."""
+    corr = _job_and_its_cooling_fault(job_sent=True)
     (job,) = corr.incidents
     assert job.stragglers() == set(THROTTLED)
     assert {p.device for p in job.points if p.metric == "temp_c"} == set(THROTTLED)
-    alerts = _lifecycle().due(corr.incidents, T0 + 10 * W, counts, hosts)
+    alerts = _lifecycle().due(corr.incidents, T0 + 10 * W, TRAIN_COUNTS, TRAIN_HOSTS)
     assert [(a.severity, a.bottleneck) for a in alerts] == [("page", "thermal_power")]
     assert "throttling n0/gpu4, n3/gpu7" in alerts[0].summary
+    unsent = _job_and_its_cooling_fault(job_sent=False)
+    assert [i.primary_metric for i in unsent.incidents][1:] == ["temp_c"]
 
 
 def test_a_jobs_slower_steps_sure_while_its_throttle_settles_wait_for_its_page() -> None:
