@@ -590,9 +590,41 @@ class Incident:
         if len(first_seen) < need or sync:
             by_aggregate = math.inf
         if sync:
-            by_mechanism = math.inf  # a link fault is confirmed by its host, nothing else
+            # A link fault is confirmed by its host, nothing else: most of it waiting, or
+            # `min_devices` of it waiting where the work done fell on one of them too.
+            by_mechanism = self._host_link(first_seen, min_devices)
         when = min(by_devices, by_mechanism, by_aggregate)
         return None if when == math.inf else when
+
+    def _host_link(self, first_seen: dict[str, tuple[float, str | None]], need: int) -> float:
+        """When `need` devices of one host waited longer at their collective and the work
+        done fell on one of them at the same time (device MFU, in the evidence): two
+        independent counters on the host agree, as `lifecycle._link_fault` asks to page.
+        A collective is as slow as its slowest link, and a NIC a few per cent slower is
+        found on some of its host's devices before the others' detectors catch up."""
+        near = 2 * self.window_s
+        # As the incident's supporting indicators are read: a wait that began long before
+        # the onset is another device's drift, not this link's.
+        lo = self.onset_ts - LEAD_WINDOWS * self.window_s
+        onsets = {p.device: p.onset_ts for p in self.primary_points() if p.onset_ts >= lo}
+        less_work = {
+            e.device: e.detected_ts for e in (*self.points, *self.evidence)
+            if e.metric == "device_mfu" and e.is_regression and not e.is_aggregate
+            and e.device in onsets and abs(e.onset_ts - onsets[e.device]) <= near
+        }  # fmt: skip
+        when = math.inf
+        per_host: dict[str, list[float]] = {}
+        for device, (t, host) in first_seen.items():
+            if host is not None and device in onsets:
+                per_host.setdefault(host, []).append(t)
+        for host, times in per_host.items():
+            if len(times) < need:
+                continue
+            waited = sorted(times)[need - 1]
+            done = [t for d, t in less_work.items() if first_seen[d][1] == host]
+            if done:
+                when = min(when, max(waited, min(done)))
+        return when
 
     def scope_level(
         self,

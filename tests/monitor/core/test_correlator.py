@@ -725,3 +725,27 @@ def test_a_cooling_fault_is_judged_on_its_whole_climb() -> None:
     assert inc.onset_ts == T0 + 32 * W
     alert = AlertLifecycle(AlertSettings(), Advisor()).render(inc, T0 + 40 * W, 8, "firing")
     assert (alert.metric, alert.severity) == ("temp_c", "ticket")
+
+
+def test_a_hosts_link_is_sure_on_min_devices_waiting_with_less_work_on_one() -> None:
+    """Three of a host's eight devices wait longer at their all-reduce and one of them does
+    less work from the same window: two counters agree on the host, sure when both are
+    found, though three of eight is not most of the host. Waits alone are not; nor is a
+    wait that began long before the others (another device's drift)."""
+    sizes = {f"h{i}": 8 for i in range(4)}
+
+    def wait(device: str, onset: float, found: float) -> ChangePoint:
+        p = _pt(device, "sync_frac", 0.2, 0.45, onset)
+        return dataclasses.replace(p, layer="allreduce", detected_ts=found)
+
+    def sure(points: list[ChangePoint]) -> float | None:
+        inc = Incident(POOL, MODEL, T0, T0 + 2 * W, W, points=points)
+        return inc.confirmed_at(32, 3, 0.1, sizes)
+
+    waits = [wait("h0/gpu1", T0, T0 + 4 * W), wait("h0/gpu2", T0, T0 + 9 * W),
+             wait("h0/gpu5", T0 + W, T0 + 30 * W)]  # fmt: skip
+    less = dataclasses.replace(_pt("h0/gpu2", "device_mfu", 0.44, 0.40, T0), detected_ts=T0 + 3 * W)
+    assert sure([*waits, less]) == T0 + 30 * W
+    assert sure(waits) is None
+    drifted = [wait("h0/gpu1", T0 - 20 * W, T0 + 4 * W), *waits[1:]]
+    assert sure([*drifted, less]) is None
