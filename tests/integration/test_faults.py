@@ -161,8 +161,8 @@ def test_sigkill_at_five_points_of_an_incident(
         fw.wait(lambda: am.label_sets(exp.id) == [run.current_labels()], "one label set")
         # 5. Fixed, not resolved yet: three windows short of the uninterrupted run's
         # resolve. After these restarts the daemon has resolved one window before that
-        # run does (2 runs of 3), for a reason not traced yet; how records were batched
-        # no longer moves it (test_pipeline's resolve tests).
+        # run does (6 runs of 8; not without restarts), for a reason not traced yet; how
+        # records were batched no longer moves it (test_pipeline's resolve tests).
         assert exp.resolved - 3 > run.inc.heal
         feed.through(exp.resolved - 3)
         assert "resolved" not in {r["status"] for r in run.records()}
