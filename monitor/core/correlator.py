@@ -598,7 +598,7 @@ class Incident:
 
     def _host_link(self, first_seen: dict[str, tuple[float, str | None]], need: int) -> float:
         """When `need` devices of one host waited longer at their collective and the work
-        done fell on one of them at the same time (device MFU, in the evidence): two
+        done fell on one of them at the same time (its device MFU): two
         independent counters on the host agree, as `lifecycle._link_fault` asks to page.
         A collective is as slow as its slowest link, and a NIC a few per cent slower is
         found on some of its host's devices before the others' detectors catch up."""
@@ -899,12 +899,7 @@ class Correlator:
             return []
         out: list[Incident] = []
         folded: set[int] = set()
-        own = {id(h) for h in heat}
-        hosts = [
-            i for i in self.incidents
-            if i.status == "open" and i.alert_id is not None and id(i) not in own
-        ]  # fmt: skip
-        for inc in hosts:
+        for inc in (i for i in self.incidents if i.status == "open" and i.alert_id is not None):
             fits = [
                 h for h in heat
                 if id(h) not in folded and (h.pool, h.model) == (inc.pool, inc.model)
