@@ -433,6 +433,25 @@ class Incident:
             and not p.is_aggregate  # a pool's aggregate is no member to cordon
         }  # fmt: skip
 
+    def throttled(self) -> set[str]:
+        """Its devices whose clock stepped down as they heated: a cooling fault's throttle,
+        whatever metric opened the incident (independent indicators agree)."""
+        everything = (*self.points, *self.evidence)
+        devices = self.devices
+        onset = self.onset_ts
+        lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
+        clocked = {
+            p.device for p in everything
+            if p.metric == "clock_mhz" and p.is_regression and p.device in devices
+            and lo <= p.onset_ts <= hi
+        }  # fmt: skip
+        heat_lo = onset - self.group_window_s
+        return {
+            p.device for p in everything
+            if p.metric in HEAT and p.is_regression and p.device in clocked
+            and heat_lo <= p.onset_ts <= hi and not p.is_aggregate
+        }  # fmt: skip
+
     def load_ratio(self) -> float:
         """Offered load at the onset vs the pool's recent level (1.0 when it did not shift).
 
@@ -918,12 +937,14 @@ class Correlator:
 
     def _heat_match(self, p: ChangePoint) -> Incident | None:
         """A cooling fault joins what its own device shows (a throttle found first) or the
-        same cooling failing on other devices; not an incident of another mechanism."""
+        same cooling failing on other devices of its pool: heat that opened an incident, or
+        an incident whatever its metric that some of its devices' throttle explains. Not an
+        incident of another mechanism."""
         for inc in self.incidents:
             if (
                 inc.status == "open"
                 and self._fits(inc, p)
-                and (p.device in inc.devices or inc.primary_metric in HEAT)
+                and (p.device in inc.devices or inc.primary_metric in HEAT or inc.throttled())
             ):
                 return inc
         return None

@@ -364,6 +364,42 @@ def test_a_cooling_fault_joins_the_job_that_later_names_it_its_straggler() -> No
     assert [i.primary_metric for i in unsent.incidents][1:] == ["temp_c"]
 
 
+def _throttled_host_and_a_second_cooling_fault(first_clock: bool) -> Correlator:
+    """n0/gpu4 heats and (if `first_clock`) its clock steps down; MLP MFU falls on it and on
+    three of its host's peers (their incident opens and is sent). A few windows later
+    n3/gpu7 on another host heats and throttles too; its heat is judged a cooling fault."""
+    first, second = THROTTLED
+    counts = TRAIN_COUNTS
+    corr = Correlator()
+    early = [_train_pt(first, "temp_c", 70.0, 90.0, T0, 2)]
+    if first_clock:
+        early.append(_train_pt(first, "clock_mhz", 1755.0, 1500.0, T0 + 3 * W, 3))
+    corr.add(early, T0 + 4 * W, counts)
+    slow = [_train_pt(f"n0/gpu{g}", "mfu", 0.68, 0.57, T0 + 3 * W, 3, "mlp") for g in (1, 2, 3, 4)]
+    corr.add(slow, T0 + 6 * W, counts)
+    corr.incidents[0].alert_id = "fw-host"  # as the lifecycle does with a first record
+    corr.add([_train_pt(second, "temp_c", 70.0, 90.0, T0 + 2 * W, 5),
+              _train_pt(second, "clock_mhz", 1755.0, 1500.0, T0 + 4 * W, 5)],
+             T0 + 9 * W, counts)  # fmt: skip
+    corr.add([], T0 + 14 * W, counts)  # both heats judged
+    return corr
+
+
+def test_a_second_cooling_fault_joins_an_incident_its_pools_throttle_explains() -> None:
+    """The host's MFU incident is a cooling fault (its own device's clock stepped down as it
+    heated), whatever metric opened it: another device of the pool heating and throttling
+    with it is the same cooling failing, one incident and one page. Without that throttle,
+    the host's incident is another mechanism, and the cooling fault opens its own."""
+    corr = _throttled_host_and_a_second_cooling_fault(first_clock=True)
+    (inc,) = corr.incidents
+    assert inc.throttled() == set(THROTTLED)
+    alerts = _lifecycle().due(corr.incidents, T0 + 14 * W, TRAIN_COUNTS, TRAIN_HOSTS)
+    assert [a.severity for a in alerts] == ["page"]
+    apart = _throttled_host_and_a_second_cooling_fault(first_clock=False)
+    assert [i.primary_metric for i in apart.incidents] == ["mfu", "temp_c"]
+    assert apart.incidents[1].devices == {THROTTLED[1]}
+
+
 def test_a_jobs_slower_steps_sure_while_its_throttle_settles_wait_for_its_page() -> None:
     """The peers' incident (device MFU down, the throttled members' clocks and heat in its
     evidence) is sure and settled a record before the cooling fault, which a new detection
