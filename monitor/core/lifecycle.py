@@ -1280,13 +1280,16 @@ def _steady(load: float) -> bool:
 
 
 def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int) -> bool:
-    """`need` devices of one host wait longer at their collective, at least one of them
-    does less work, and nothing they run computes slower: the host's link degraded. The
-    waits are on enough of the host to confirm an incident (`alerts.min_devices`; one
-    device waiting is as likely a peer waiting for a slower member whose own slowdown is
-    not in the incident), and two independent counters agree on a device of them (the
-    collective's wait timer and the FLOPs done: a link a few per cent slower lowers each
-    device's MFU by about that much, which not every detector finds at once), and no
+    """`need` devices of one host wait longer at their collective or do less work, at
+    least one of them both, and nothing they run computes slower: the host's link
+    degraded. The host loses work on enough of its devices to confirm an incident
+    (`alerts.min_devices`; one device waiting is as likely a peer waiting for a slower
+    member whose own slowdown is not in the incident), and two independent counters
+    agree on a device of them (the collective's wait timer and the FLOPs done: a link a
+    few per cent slower lowers each device's MFU by about that much, which not every
+    detector finds at once; a device's share of time in the collective is noisy, and its
+    wait is found on fewer devices than its FLOPs): a device doing less work at the same
+    compute speed (no layer's MFU fell) idles, and the wait timer says where. And no
     throttle or slower compute explains the waits (the clock stepping down, a compute
     layer's MFU falling), so it is a hardware fault like a throttle: it pages at the scope
     it has, whatever its share of the pool, with "drain the host" as the bounded step.
@@ -1304,9 +1307,9 @@ def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
 
     if devices("mfu", False) or devices("clock_mhz", None):
         return False
-    waits = devices("sync_frac", True)
-    both = waits & devices("device_mfu", None)
-    hosts = Counter(host for host, _ in waits)
+    waits, less = devices("sync_frac", True), devices("device_mfu", None)
+    both = waits & less
+    hosts = Counter(host for host, _ in waits | less)
     return any(hosts[host] >= need for host, _ in both)
 
 

@@ -306,10 +306,11 @@ def test_a_queue_that_drained_is_load_context_not_evidence() -> None:
 
 def _slow_host(fields: int, moved: tuple[tuple[str, str | None, float, float], ...] = (
     ("sync_frac", "allreduce", 0.43, 0.65), ("device_mfu", None, 0.32, 0.29),
-), at: float = T0 + 4 * W, slower: int = 8, pool: int = 64) -> Alert:  # fmt: skip
+), at: float = T0 + 4 * W, slower: int = 8, pool: int = 64, waiting: int = 8) -> Alert:  # fmt: skip
     """By default all-reduce waits 0.43 -> 0.65 and device MFU -9 % on the 8 devices of host
     h-0 in a `pool`-device pool, each device's newest record carrying `fields`
-    (`coverage.BIT`); device MFU only on the first `slower` of them."""
+    (`coverage.BIT`); device MFU only on the first `slower` of them, waits on the first
+    `waiting`."""
     pts = [
         ChangePoint(
             device=f"h-0/gpu{g}", host="h-0", pool="p", model="m@v1", layer=layer,
@@ -318,7 +319,7 @@ def _slow_host(fields: int, moved: tuple[tuple[str, str | None, float, float], .
         )
         for g in range(8)
         for metric, layer, before, after in moved
-        if metric != "device_mfu" or g < slower
+        if (metric != "device_mfu" or g < slower) and (metric != "sync_frac" or g < waiting)
     ]  # fmt: skip
     corr = Correlator()
     corr.add(pts, T0 + 3 * W, {("p", "m@v1"): pool})
@@ -349,6 +350,22 @@ def test_a_slow_link_pages_on_a_job_and_on_serving_replicas_alike() -> None:
     # fall on two of its devices (the others' detectors have not yet found it).
     alert = _slow_host(BIT["power_w"] | BIT["req_rate"], at=settled, slower=2)
     assert (alert.scope.level, alert.severity) == ("host", "page")
+
+
+def test_a_slow_link_pages_on_less_work_with_the_wait_found_on_one_of_its_devices() -> None:
+    """A device's share of time in its collective is noisy, its FLOPs are not: the work's
+    fall is found on four of the host's devices, the wait on one of them. Four devices
+    of one host doing less work at the same compute speed, the wait timer saying where
+    on one: the host's link, a page. Less work on two of them is not enough of the host
+    (`alerts.min_devices`, 3)."""
+    settled = T0 + 31 * W
+    serving = BIT["power_w"] | BIT["req_rate"]
+    alert = _slow_host(serving, at=settled, slower=4, waiting=1)
+    assert (alert.scope.level, alert.bottleneck, alert.severity) == (
+        "host", "synchronisation", "page",
+    )  # fmt: skip
+    assert alert.suggestion.action != "rollback"
+    assert _slow_host(serving, at=settled, slower=2, waiting=1).severity != "page"
 
 
 def _slower_steps(fields: int, at: float, extra: tuple[str, ...] = (), rate: float = 1.0) -> Alert:
