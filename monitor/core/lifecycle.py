@@ -950,12 +950,18 @@ def _classed(inc: Incident, support: dict[tuple[Stage, str, str | None], list[Ch
     members (a few members waiting longer can be all of them slowing). A mechanism seen on
     fewer than half as many devices as the incident covers (the rule that picks its
     primary metric) cannot be why all of them queue: the load is (a burst, or the backlog
-    one left), and that mechanism, if real, is an incident of its own. One seen on the
-    pool aggregate is pool-wide. Nor can one whose median onset is more than
+    one left), and that mechanism, if real, is an incident of its own. Where the pool's
+    aggregate queues, the incident covers the pool. One seen on the pool aggregate is
+    pool-wide. Nor can one whose median onset is more than
     `LEAD_WINDOWS` after the incident's: a cause comes first, as a change must to explain
     a queue (`render`).
     """
     n = len(inc.devices)
+    if _pool_backlog(inc) & QUEUEING:
+        # The pool's aggregate queues: the whole pool does, found on its devices or not
+        # (a detector finds a burst's queue on a few of them first), so a mechanism must
+        # show on half of the pool to be why.
+        n = max(n, inc.pool_size)
     latest = inc.onset_ts + LEAD_WINDOWS * inc.window_s
 
     def counts(metric: str, pts: list[ChangePoint]) -> bool:

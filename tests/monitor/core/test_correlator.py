@@ -6,7 +6,7 @@ import dataclasses
 
 from monitor.config import AlertSettings
 from monitor.core.advisor import Advisor, bottleneck_class
-from monitor.core.correlator import LEAD_WINDOWS, ChangePoint, Correlator, Incident
+from monitor.core.correlator import AGGREGATE, LEAD_WINDOWS, ChangePoint, Correlator, Incident
 from monitor.core.coverage import BIT
 from monitor.core.lifecycle import AlertLifecycle, severity
 from monitor.indicators import STAGE_OF
@@ -371,6 +371,26 @@ def test_a_backlog_draining_after_a_burst_is_not_a_few_devices_mechanism() -> No
     assert alert.severity == "info"
     assert draining(2).bottleneck == "memory_locality"
     assert draining(1, req_after=101.0).bottleneck == "memory_locality"
+
+
+def test_a_mechanism_on_one_of_the_devices_found_queueing_in_a_queueing_pool_is_the_loads() -> None:
+    """A burst x1.8 over an 8-device pool: its queue found on two devices so far, and one
+    of them stepped its MLP stall share up. Half of the devices found, but where the
+    pool's aggregate queues the whole pool does: one device is not why eight queue, the
+    load is (`fleet_day` tuning seed 242 paged such a burst at stage `ingress`). Without
+    the aggregate's queue, one of two is half the incident: the mechanism."""
+
+    def one_of_two(pool_queues: bool):
+        inc = _incident(180.0, n=2)
+        inc.evidence += _moved("stall_frac", 0.38, 0.43, 1, layer="mlp")
+        if pool_queues:
+            pooled = _pt(AGGREGATE + POOL, "queue_wait_ms", 10.0, 17.0, T0)
+            inc.evidence.append(dataclasses.replace(pooled, host=None))
+        return _render(inc)
+
+    alert = one_of_two(pool_queues=True)
+    assert (alert.bottleneck, alert.severity) == ("overload", "info")
+    assert one_of_two(pool_queues=False).bottleneck != "overload"
 
 
 def _after_bursts(inc, earlier_peak: float):
