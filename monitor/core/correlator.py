@@ -422,34 +422,30 @@ class Incident:
             or len({p.device for p in waits if p.device in devices}) >= need
         ):
             return set()
+        return self._heated_clocks(None)
+
+    def throttled(self) -> set[str]:
+        """Its devices whose clock stepped down as they heated: a cooling fault's throttle,
+        whatever metric opened the incident (independent indicators agree)."""
+        return self._heated_clocks(self.devices)
+
+    def _heated_clocks(self, among: set[str] | None) -> set[str]:
+        """Devices (of `among`, or any) whose clock stepped down from `LEAD_WINDOWS` before
+        the onset to a grouping window after it, and whose heat rose from a grouping window
+        before it (the die heats over its cooling's time constant before it throttles)."""
+        everything = (*self.points, *self.evidence)
+        onset = self.onset_ts
+        lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
         clocked = {
             p.device for p in everything
             if p.metric == "clock_mhz" and p.is_regression and lo <= p.onset_ts <= hi
+            and (among is None or p.device in among)
         }  # fmt: skip
         heat_lo = onset - self.group_window_s
         return {
             p.device for p in everything
             if p.metric in HEAT and p.device in clocked and heat_lo <= p.onset_ts <= hi
             and not p.is_aggregate  # a pool's aggregate is no member to cordon
-        }  # fmt: skip
-
-    def throttled(self) -> set[str]:
-        """Its devices whose clock stepped down as they heated: a cooling fault's throttle,
-        whatever metric opened the incident (independent indicators agree)."""
-        everything = (*self.points, *self.evidence)
-        devices = self.devices
-        onset = self.onset_ts
-        lo, hi = onset - LEAD_WINDOWS * self.window_s, onset + self.group_window_s
-        clocked = {
-            p.device for p in everything
-            if p.metric == "clock_mhz" and p.is_regression and p.device in devices
-            and lo <= p.onset_ts <= hi
-        }  # fmt: skip
-        heat_lo = onset - self.group_window_s
-        return {
-            p.device for p in everything
-            if p.metric in HEAT and p.is_regression and p.device in clocked
-            and heat_lo <= p.onset_ts <= hi and not p.is_aggregate
         }  # fmt: skip
 
     def load_ratio(self) -> float:
