@@ -614,7 +614,8 @@ class Incident:
     def _host_link(self, first_seen: dict[str, tuple[float, str | None]], need: int) -> float:
         """When `need` devices of one host waited longer at their collective and the work
         done fell on one of them at the same time (its device MFU): two
-        independent counters on the host agree, as `lifecycle._link_fault` asks to page.
+        independent counters on the host agree. `lifecycle._link_fault` pages on that,
+        and also counts the host's devices that only did less work towards `need`.
         A collective is as slow as its slowest link, and a NIC a few per cent slower is
         found on some of its host's devices before the others' detectors catch up."""
         near = 2 * self.window_s
