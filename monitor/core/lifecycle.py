@@ -1331,8 +1331,8 @@ def _waits_cost_the_host(
     support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int, page_loss: float
 ) -> bool:
     """`need` devices of one host began to wait longer at their collective together (their
-    own detectors date the onsets within two windows of each other, the onset's uncertainty
-    as `Incident._host_link` reads it), and the waits cost those devices at least
+    own detectors date the onsets within four windows of each other: each is uncertain by
+    two, as `Incident._host_link` reads it), and the waits cost those devices at least
     `page_loss` of their time per collective (their median levels, as `severity` weighs a
     time share). Devices share their host's link: its fault starts their waits at once,
     and where the collective overlaps compute the work it loses may be too little for
@@ -1343,7 +1343,8 @@ def _waits_cost_the_host(
     0.208, 8 % per collective)."""
     for pts in _first_waits(support).values():
         for i in range(len(pts) - need + 1):
-            near = 2 * pts[i].window_s
+            # Each onset is uncertain by two windows: two of one event, four apart.
+            near = 4 * pts[i].window_s
             group = [p for p in pts[i:] if p.onset_ts - pts[i].onset_ts <= near]
             if len(group) < need:
                 continue
