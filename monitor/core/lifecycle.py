@@ -665,10 +665,7 @@ class AlertLifecycle:
             sev, heat_text = "page", ""  # the clock stepped down: work is lost, whatever heated it
         # A host's link fault pages once its scope settled (`_link_fault`).
         link = bottleneck == "synchronisation" and level == "host" and settled
-        if (
-            sev != "page" and link and _steady(load)
-            and _link_fault(support, self.s.min_devices, self.s.page_loss)
-        ):  # fmt: skip
+        if sev != "page" and link and _steady(load) and _link_fault(support, self.s.min_devices):
             sev = "page"
         sev = _unblamed_failures(sev, metric, suggestion)
         sev, novel_text = self._load_explains(
@@ -1288,12 +1285,9 @@ def _steady(load: float) -> bool:
     return abs(math.log(load)) < math.log1p(SERVED_RISE) if load > 0 else False
 
 
-def _link_fault(
-    support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int, page_loss: float
-) -> bool:
+def _link_fault(support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int) -> bool:
     """`need` devices of one host wait longer at their collective or do less work, at
-    least one of them both (or they began to wait together at a page's cost:
-    `_waits_cost_the_host`), and nothing they run computes slower: the host's link
+    least one of them both, and nothing they run computes slower: the host's link
     degraded. The host loses work on enough of its devices to confirm an incident
     (`alerts.min_devices`; one device waiting is as likely a peer waiting for a slower
     member whose own slowdown is not in the incident), and two independent counters
@@ -1322,55 +1316,7 @@ def _link_fault(
     waits, less = devices("sync_frac", True), devices("device_mfu", None)
     both = waits & less
     hosts = Counter(host for host, _ in waits | less)
-    return any(hosts[host] >= need for host, _ in both) or _waits_cost_the_host(
-        support, need, page_loss
-    )
-
-
-def _waits_cost_the_host(
-    support: dict[tuple[Stage, str, str | None], list[ChangePoint]], need: int, page_loss: float
-) -> bool:
-    """`need` devices of one host began to wait longer at their collective together (their
-    own detectors date the onsets within four windows of each other: each is uncertain by
-    two, as `Incident._host_link` reads it), and the waits cost those devices at least
-    `page_loss` of their time per collective (their median levels, as `severity` weighs a
-    time share). Devices share their host's link: its fault starts their waits at once,
-    and where the collective overlaps compute the work it loses may be too little for
-    any device's detector (`nic_slowdown` seed 48: waits 0.075 -> 0.227 of the time on
-    the whole host, device MFU -3.5 % found on none). Members waiting for a slower one
-    also begin together, as its slowdown starts; a slower member costs them what it
-    lost, which a page's bar does not let pass alone (`fleet_day` seed 140: 0.141 ->
-    0.208, 8 % per collective)."""
-    for pts in _first_waits(support).values():
-        for i in range(len(pts) - need + 1):
-            # Each onset is uncertain by two windows: two of one event, four apart.
-            near = 4 * pts[i].window_s
-            group = [p for p in pts[i:] if p.onset_ts - pts[i].onset_ts <= near]
-            if len(group) < need:
-                continue
-            before, after = _medians(group)
-            cost = severity("sync_frac", before, after, 0.0, 1.0, "synchronisation", page_loss)
-            if cost == "page":
-                return True
-    return False
-
-
-def _first_waits(
-    support: dict[tuple[Stage, str, str | None], list[ChangePoint]],
-) -> dict[str | None, list[ChangePoint]]:
-    """Per host, its devices' earliest collective waits found, oldest first."""
-    first: dict[str, ChangePoint] = {}
-    for (_, metric, layer), pts in support.items():
-        if metric != "sync_frac" or layer not in COMM_LAYERS:
-            continue
-        for p in pts:
-            earlier = p.device not in first or p.onset_ts < first[p.device].onset_ts
-            if p.is_regression and not p.is_aggregate and p.host is not None and earlier:
-                first[p.device] = p
-    per_host: dict[str | None, list[ChangePoint]] = {}
-    for p in sorted(first.values(), key=lambda p: p.onset_ts):
-        per_host.setdefault(p.host, []).append(p)
-    return per_host
+    return any(hosts[host] >= need for host, _ in both)
 
 
 def _medians(pts: list[ChangePoint]) -> tuple[float, float]:
