@@ -30,7 +30,7 @@ from monitor.core.correlator import (
     offered_load_rose,
 )
 from monitor.core.coverage import BIT, not_judged
-from monitor.core.exposure import EFFICIENCY
+from monitor.core.exposure import BIN_S, EFFICIENCY
 from monitor.core.load import LOAD_SENSITIVE
 from monitor.indicators import (
     BACKLOG,
@@ -875,16 +875,25 @@ class AlertLifecycle:
         Queueing grows with the load (as rho / (1 - rho) near capacity), so at a higher
         load the same service queues at least as long: a change that only sent more load
         leaves the queue within what the pool showed at a higher load, while one that holds
-        requests back (an admission rule) or slows their service queues them longer."""
+        requests back (an admission rule) or slows their service queues them longer.
+
+        A queue found as the offered load fell is the backlog of the load before the fall
+        (a backlog carries over from window to window): its load is the peak from the
+        lead a cause may have before the onset, where that backlog was built; its level is
+        read from the first minute after the onset's (each minute keeps the level at its
+        peak load, which in the onset's minute was before the fall)."""
         if metric not in BACKLOG or classed & _NORMALISED or _hardware_fault(moved):
             return None
-        if inc.model is None or not offered_load_rose(load, moved):
+        drains = load < 1.0 - SERVED_RISE
+        if inc.model is None or not (offered_load_rose(load, moved) or drains):
             return None
         exposure = self.advisor.exposure
         key = (inc.pool, inc.model)
-        peak = exposure.peak_load(inc.pool, inc.onset_ts, inc.found_ts)
+        built = inc.onset_ts - LEAD_WINDOWS * inc.window_s if drains else inc.onset_ts
+        peak = exposure.peak_load(inc.pool, built, inc.found_ts)
         then = exposure.backlog_bound(key, metric, peak, inc.onset_ts - inc.group_window_s)
-        now = exposure.backlog_since(key, metric, inc.onset_ts, inc.found_ts)
+        since = (math.floor(inc.onset_ts / BIN_S) + 1) * BIN_S if drains else inc.onset_ts
+        now = exposure.backlog_since(key, metric, since, inc.found_ts)
         if then is None or now is None:
             return None
         return (now, then) if _no_worse(metric, now, then) else None

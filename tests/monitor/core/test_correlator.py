@@ -230,6 +230,49 @@ def test_a_queue_no_longer_than_at_a_higher_load_before_is_the_load_a_change_sen
     _assert_ingress_page(_queue_after_a_routing_change(wait_now=90.0))
 
 
+def _backlog_as_a_burst_ends(wait_now: float):
+    """A routing change raised a burst's load x1.2 (170 to 204 per device) 45 s before
+    the burst ended; the devices' queue wait, 5 ms in calm, was `wait_now` as the load
+    fell to x1.2 the calm rate (120). The hour's bursts at 210 queued 300 ms."""
+    adv = Advisor()
+    adv.add_change(ChangeEvent(
+        v=1, ts=T0 - 45.0, id="chg-5", kind="traffic_policy", scope=ChangeScope(pool=POOL),
+        from_="weight=1.0", to="weight=1.2",
+    ))  # fmt: skip
+    for k in range(360 + 6):
+        ts = T0 - 3600.0 + 10.0 * k
+        if k >= 360:
+            load, wait = 120.0, wait_now
+        elif k >= 356:
+            load, wait = 204.0, 30.0
+        elif k >= 330:
+            load, wait = 170.0, 20.0
+        else:
+            load, wait = (210.0, 300.0) if k % 120 < 20 else (100.0, 5.0)
+        adv.exposure.observe(POOL, ts, load)
+        adv.exposure.observe_backlog((POOL, MODEL), ts, load, (wait, wait / 100, 0, 0, 0, 0))
+    devs = [f"h{i}/gpu0" for i in range(8)]
+    # the load detectors found the burst's end, with the queue
+    pts = [_pt(d, "req_rate", 204.0, 120.0, T0) for d in devs]
+    pts += [_pt(d, "queue_wait_ms", 5.0, wait_now, T0) for d in devs]
+    corr = Correlator()
+    corr.add(pts, T0 + 3 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    assert inc.load_ratio() < 1.0
+    return AlertLifecycle(AlertSettings(), adv).render(inc, T0 + 3 * W, 8, "firing")
+
+
+def test_a_backlog_found_as_the_load_falls_is_bounded_by_the_load_it_was_built_at() -> None:
+    """A queue found as a burst ends is the backlog of the load before the fall: a routing
+    change that raised that load leaves it within what the pool queued at a higher load
+    before (the long healthy fleet's tuning seed 26 paged it, the load read as falling).
+    A queue longer than the pool ever showed at that load is not the load's: a page."""
+    alert = _backlog_as_a_burst_ends(wait_now=150.0)
+    _assert_capacity_naming(alert, "chg-5")
+    assert "300 at a higher load" in alert.summary
+    _assert_ingress_page(_backlog_as_a_burst_ends(wait_now=450.0))
+
+
 def test_a_traffic_change_long_before_a_bursts_queue_does_not_explain_it() -> None:
     """A traffic-weight change 27 minutes before a burst's queue is no rollback: the burst
     is capacity, like every burst before it (a healthy fleet paged on exactly this)."""
