@@ -856,7 +856,7 @@ class AlertLifecycle:
         if _hardware_fault(moved) or not offered_load_rose(inc.load_ratio(), moved):
             return None
         exposure = self.advisor.exposure
-        peak = exposure.peak_load(inc.pool, inc.onset_ts, inc.found_ts)
+        peak = exposure.peak_load(inc.pool, inc.onset_ts, _found(inc))
         then = exposure.earlier_level(
             (inc.pool, inc.model, inc.layers[0]), metric, peak,
             inc.onset_ts - inc.group_window_s, OVERLOAD_RATIO,
@@ -890,10 +890,10 @@ class AlertLifecycle:
         exposure = self.advisor.exposure
         key = (inc.pool, inc.model)
         built = inc.onset_ts - LEAD_WINDOWS * inc.window_s if drains else inc.onset_ts
-        peak = exposure.peak_load(inc.pool, built, inc.found_ts)
+        peak = exposure.peak_load(inc.pool, built, _found(inc))
         then = exposure.backlog_bound(key, metric, peak, inc.onset_ts - inc.group_window_s)
         since = (math.floor(inc.onset_ts / BIN_S) + 1) * BIN_S if drains else inc.onset_ts
-        now = exposure.backlog_since(key, metric, since, inc.found_ts)
+        now = exposure.backlog_since(key, metric, since, max(since, _found(inc)))
         if then is None or now is None:
             return None
         return (now, then) if _no_worse(metric, now, then) else None
@@ -902,7 +902,7 @@ class AlertLifecycle:
         """The peak offered load from the incident's onset to its first detection over the
         highest minute of its pool's look-back before its grouping window (1.0: unknown)."""
         return self.advisor.exposure.novelty(
-            inc.pool, inc.onset_ts, inc.found_ts, inc.onset_ts - inc.group_window_s
+            inc.pool, inc.onset_ts, _found(inc), inc.onset_ts - inc.group_window_s
         )
 
     def _served(self, inc: Incident) -> float:
@@ -910,7 +910,7 @@ class AlertLifecycle:
         detection over the grouping window before it (1.0: unknown, as on a training
         pool, which reports no request rate)."""
         return self.advisor.exposure.served_ratio(
-            inc.pool, inc.onset_ts, inc.found_ts, inc.group_window_s
+            inc.pool, inc.onset_ts, _found(inc), inc.group_window_s
         )
 
     def _unseen_load(self, inc: Incident) -> float:
@@ -930,6 +930,14 @@ class AlertLifecycle:
             ):
                 newest[p.device] = p
         return not_judged(p.fields for p in newest.values())
+
+
+def _found(inc: Incident) -> float:
+    """When `inc`'s primary metric was first found, or its onset where that is later: the
+    end of the span its load and levels are read over, from its onset. The onset is the
+    median of its devices', so a device found early (at a burst before the change that
+    moved the rest) can date the first detection before it, and the span would be empty."""
+    return max(inc.found_ts, inc.onset_ts)
 
 
 def _no_worse(metric: str, now: float, then: float) -> bool:

@@ -191,7 +191,7 @@ def _assert_ingress_page(alert) -> None:
     assert (alert.bottleneck, alert.severity) == ("ingress", "page"), alert.summary
 
 
-def _queue_after_a_routing_change(wait_now: float):
+def _queue_after_a_routing_change(wait_now: float, early: bool = False):
     """A routing change sent x1.3 the calm load (100 per device) to a pool a minute after a
     burst at x1.83 ended; its devices' queue wait grew from 5 ms to `wait_now` as the pool
     aggregate's did. The hour's bursts at x1.83 queued 60 ms."""
@@ -210,10 +210,13 @@ def _queue_after_a_routing_change(wait_now: float):
     # the load detectors found the burst's end, not the routing change's step
     pts = [_pt(d, "req_rate", 183.0, 100.0, T0 - 60.0) for d in devs]
     pts += [_pt(d, "queue_wait_ms", 5.0, wait_now, T0) for d in devs]
+    if early:  # one device's queue found at the burst, before the change moved the rest
+        pts[-1] = dataclasses.replace(pts[-1], onset_ts=T0 - 200.0, detected_ts=T0 - 180.0)
     corr = Correlator()
     corr.add(pts, T0 + 3 * W, {(POOL, MODEL): 8})
     (inc,) = corr.incidents
     assert inc.load_ratio() < 1.0
+    assert (inc.found_ts < inc.onset_ts) == early
     return AlertLifecycle(AlertSettings(), adv).render(inc, T0 + 3 * W, 8, "firing")
 
 
@@ -228,6 +231,16 @@ def test_a_queue_no_longer_than_at_a_higher_load_before_is_the_load_a_change_sen
     assert "x1.30" in alert.summary
     assert "60 at a higher load" in alert.summary
     _assert_ingress_page(_queue_after_a_routing_change(wait_now=90.0))
+
+
+def test_a_device_found_before_the_onset_leaves_the_load_read_from_the_onset() -> None:
+    """One device's queue found at a burst before the routing change moved the rest: the
+    incident's first detection lies before its (median) onset, and its load and levels
+    are still read from the onset (the long healthy fleet's tuning seed 27 paged such a
+    change as the load's span came out empty)."""
+    alert = _queue_after_a_routing_change(wait_now=25.0, early=True)
+    _assert_capacity_naming(alert, "chg-4")
+    _assert_ingress_page(_queue_after_a_routing_change(wait_now=90.0, early=True))
 
 
 def _backlog_as_a_burst_ends(wait_now: float):
