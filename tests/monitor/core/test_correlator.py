@@ -152,14 +152,20 @@ def test_a_fitting_change_turns_overload_back_into_a_rollback_page() -> None:
     assert alert.severity == "page"
 
 
+def _after_routing_change(change_id: str, ts: float, to: str) -> Advisor:
+    """An advisor that knows of one `traffic_policy` change on the pool, weight 1.0 -> `to`."""
+    adv = Advisor()
+    adv.add_change(ChangeEvent(
+        v=1, ts=ts, id=change_id, kind="traffic_policy", scope=ChangeScope(pool=POOL),
+        from_="weight=1.0", to=to,
+    ))  # fmt: skip
+    return adv
+
+
 def _queue_after_a_change(earlier_peak: float):
     """A queue at a request rate of 220 per second, a routing change 5 s before it, after
     an hour whose bursts peaked at `earlier_peak` per second."""
-    adv = Advisor()
-    adv.add_change(ChangeEvent(
-        v=1, ts=T0 - 5.0, id="chg-3", kind="traffic_policy", scope=ChangeScope(pool=POOL),
-        from_="weight=1.0", to="weight=1.3",
-    ))  # fmt: skip
+    adv = _after_routing_change("chg-3", T0 - 5.0, "weight=1.3")
     for k in range(360):
         adv.exposure.observe(POOL, T0 - 3600.0 + 10.0 * k, earlier_peak if k % 120 < 20 else 100.0)
     for k in range(6):
@@ -195,11 +201,7 @@ def _queue_after_a_routing_change(wait_now: float, early: bool = False):
     """A routing change sent x1.3 the calm load (100 per device) to a pool a minute after a
     burst at x1.83 ended; its devices' queue wait grew from 5 ms to `wait_now` as the pool
     aggregate's did. The hour's bursts at x1.83 queued 60 ms."""
-    adv = Advisor()
-    adv.add_change(ChangeEvent(
-        v=1, ts=T0 - 5.0, id="chg-4", kind="traffic_policy", scope=ChangeScope(pool=POOL),
-        from_="weight=1.0", to="weight=1.3",
-    ))  # fmt: skip
+    adv = _after_routing_change("chg-4", T0 - 5.0, "weight=1.3")
     for k in range(360 + 18):
         ts = T0 - 3600.0 + 10.0 * k
         burst = (k < 330 and k % 120 < 20) or 330 <= k < 354
@@ -247,11 +249,7 @@ def _backlog_as_a_burst_ends(wait_now: float):
     """A routing change raised a burst's load x1.2 (170 to 204 per device) 45 s before
     the burst ended; the devices' queue wait, 5 ms in calm, was `wait_now` as the load
     fell to x1.2 the calm rate (120). The hour's bursts at 210 queued 300 ms."""
-    adv = Advisor()
-    adv.add_change(ChangeEvent(
-        v=1, ts=T0 - 45.0, id="chg-5", kind="traffic_policy", scope=ChangeScope(pool=POOL),
-        from_="weight=1.0", to="weight=1.2",
-    ))  # fmt: skip
+    adv = _after_routing_change("chg-5", T0 - 45.0, "weight=1.2")
     for k in range(360 + 6):
         ts = T0 - 3600.0 + 10.0 * k
         if k >= 360:
