@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     from monitor.core.types import NormView
 
 PoolKey = tuple[str | None, str | None]
+# Per pool: its open overload records that shed, as (alert id, when the shedding began).
+_Shedding = dict[str | None, list[tuple[str, float]]]
 # A healthy window counts towards resolving only at this share of the load seen while broken.
 LOAD_EVIDENCE = 0.8
 RUNBOOK = "docs/runbook.md#"
@@ -126,6 +128,12 @@ class AlertState:
     # A cooling fault's devices whose clock stepped down after its record (`_escalate`),
     # sorted: heat and the clock now agree, so work is lost and the record pages.
     throttled: list[str] = field(default_factory=list)
+    # The bottleneck class of the last record sent (absent from older checkpoints): an
+    # open `overload` info record says its pool is over capacity (`_shedding_overloads`).
+    bottleneck: str | None = None
+    # When the open overload its failures grew in began to shed (`_sheds_into_overload`),
+    # kept once found: that overload may end before this record does.
+    shedding: float | None = None
     # Windows after `observed_ts` not judged yet, by window time: sums over the streams
     # that reported so far (`_PENDING`). Partitions are drained unevenly and a fetch can
     # end inside a window, so a window is judged once complete, not on its first part.
@@ -151,6 +159,9 @@ class AlertLifecycle:
         self.states: dict[str, AlertState] = {}  # by alert id, for paged incidents
         # Known devices per host, as of the last `due`: what makes a host's devices a host.
         self.host_sizes: Mapping[str | None, int] = {}
+        # Per pool, as of the last `due` or `restate`: its open overload records that shed
+        # requests, as (alert id, when the shedding began) (`_shedding_overloads`).
+        self.shedding: _Shedding = {}
 
     def state(self, inc: Incident) -> AlertState:
         """The alert state of a paged incident (created at its first page)."""
@@ -207,6 +218,7 @@ class AlertLifecycle:
         """Alerts to send now: first pages after settling, and growth updates."""
         out: list[tuple[int, Alert]] = []
         self.host_sizes = host_sizes or {}
+        self.shedding = self._shedding_overloads(incidents)
         sure_at = self._sure_times(incidents, pool_devices, host_sizes)
         self._link_fleet(incidents, sure_at)
         paged = self._pages(incidents)
@@ -244,7 +256,7 @@ class AlertLifecycle:
                 continue
             sent.devices, sent.level, sent.sent_ts = n, level, now_ts
             sent.change = alert.suggestion.change_id
-            sent.severity = alert.severity
+            sent.severity, sent.bottleneck = alert.severity, alert.bottleneck
             if alert.bottleneck == "thermal_power":
                 sent.stragglers = sorted({*sent.stragglers, *view.stragglers()})
             out.append((at, alert))
@@ -337,6 +349,7 @@ class AlertLifecycle:
         """
         out: list[Alert] = []
         paged = self._pages(incidents)
+        self.shedding = self._shedding_overloads(incidents)
         for inc in incidents:
             if not inc.paging:
                 continue
@@ -639,7 +652,7 @@ class AlertLifecycle:
         suggestion = self.advisor.suggest(
             inc, stage, bottleneck, guardrail(what, metric, before, self.s), level, since=since
         )
-        bound = None
+        bound = shed = None
         if bottleneck == "overload" and suggestion.action == "rollback" and not queue_only:
             # A change that fits explains it: the traffic only exposed it. Not overload.
             # Unless the queue is all there is and the load is one the pool never ran at:
@@ -649,8 +662,11 @@ class AlertLifecycle:
             # queue is no longer than it was at the nearest higher load it ran at: a
             # queue grows with the load, so that load bounds what this one does, and a
             # rule that holds requests back queues them longer than that.
+            # Nor failures that grew in an overload already shedding when the change came
+            # (`_sheds_into_overload`): the change moved capacity, judged on its mechanism.
             bound = self._backlog_bound(inc, metric, load, moved, classed)
-            if bound is None:
+            shed = None if bound is not None else self._sheds_into_overload(inc, suggestion)
+            if bound is None and shed is None:
                 bottleneck = bottleneck_class(stage, classed, explained=True, queue_held=queue_held)
         share = _share(inc, n_pool, level, bottleneck, support, moved)
         heat_text = ""
@@ -671,6 +687,12 @@ class AlertLifecycle:
         sev, novel_text = self._load_explains(
             inc, sev, (metric, before, after), moved, load, suggestion
         )
+        if shed is not None:
+            novel_text += (
+                f" (its pool's overload was shedding requests {(inc.onset_ts - shed) / 60:.1f}"
+                " min before; at the admission limit failures are the offered load beyond"
+                " capacity)"
+            )
         if bound is not None:
             novel_text += (
                 f" (the pool's {_METRIC_WORDS.get(metric, metric)} {bound[0]:.4g}; it was"
@@ -897,6 +919,48 @@ class AlertLifecycle:
         if then is None or now is None:
             return None
         return (now, then) if _no_worse(metric, now, then) else None
+
+    def _shedding_overloads(self, incidents: list[Incident]) -> _Shedding:
+        """Per pool, its open overload records whose devices shed requests, as (alert id,
+        the median onset of their failures)."""
+        out: dict[str | None, list[tuple[str, float]]] = {}
+        for inc in incidents:
+            sent = self.states.get(inc.alert_id or "")
+            if not inc.paging or sent is None or sent.bottleneck != "overload":
+                continue
+            onsets = [p.onset_ts for p in inc.points if p.metric in SHEDDING and p.is_regression]
+            if onsets and inc.alert_id is not None:
+                out.setdefault(inc.pool, []).append((inc.alert_id, float(median(onsets))))
+        return out
+
+    def _sheds_into_overload(self, inc: Incident, suggestion: Suggestion) -> float | None:
+        """When the open overload of `inc`'s pool began to shed, where `inc`'s failures
+        grew in it after the change `suggestion` names landed (None: not so).
+
+        At its admission limit a pool sheds the offered load beyond its capacity: a change
+        that landed while it was shedding moves how much (a model that costs more per
+        request, a slower kernel), and the failures alone cannot tell which. A slower
+        service shows its own mechanism (per-layer efficiency, a kernel, a clock), judged
+        and paged on that; what is left is capacity, as the overload was before the
+        change. Failures a release causes at a load the pool serves page as ever."""
+        if inc.primary_metric not in SHEDDING or suggestion.change_id is None:
+            return None
+        sent = self.states.get(inc.alert_id or "")
+        if sent is not None and sent.shedding is not None:
+            return sent.shedding
+        landed = next((c.ts for c in self.advisor.changes if c.id == suggestion.change_id), None)
+        if landed is None:
+            return None
+        began = [
+            onset
+            for aid, onset in self.shedding.get(inc.pool, ())
+            if aid != inc.alert_id and onset < landed
+        ]
+        if not began:
+            return None
+        if sent is not None:
+            sent.shedding = min(began)
+        return min(began)
 
     def _load_novelty(self, inc: Incident) -> float:
         """The peak offered load from the incident's onset to its first detection over the

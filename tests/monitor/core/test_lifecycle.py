@@ -538,3 +538,53 @@ def test_failures_a_pool_aggregate_dates_to_a_deploy_name_it() -> None:
 
     assert rollback(aggregates=True) == "chg-9"
     assert rollback(aggregates=False) is None
+
+
+def test_failures_that_grow_in_an_overload_already_shedding_are_capacity() -> None:
+    """A burst (x2) fills the queue to its admission limit: 16 % of requests are shed, an
+    overload record (`info`). Twelve windows into it a model change lands, and with each
+    request costing more the same burst sheds 21 %. The change came right before the
+    failures' step, but they are the burst's shed, larger by the capacity the change took:
+    a capacity record that names the change, and it stays one as the record is re-sent.
+    Without the shedding overload before it the same step is the change's to roll back."""
+    devs = [f"node-{i // 8:03d}/gpu{i % 8}" for i in range(16)]
+    landed = T0 + 12 * W
+    counts = {(POOL, OLD): 16, (POOL, NEW): 16}
+
+    def new_model_failures(overload: bool) -> list[Alert]:
+        adv = Advisor()
+        adv.add_change(ChangeEvent(
+            v=1, ts=landed, id="chg-7", kind="model", scope=ChangeScope(pool=POOL),
+            from_=OLD, to=NEW,
+        ))  # fmt: skip
+        for w in range(-60, 80):  # an earlier burst at x2.1, then this one at x2
+            burst = 2.0 if w >= 0 else 2.1 if -50 <= w < -38 else 1.0
+            adv.exposure.observe(POOL, T0 + w * W, 29.0 * burst)
+        corr, life = Correlator(), AlertLifecycle(AlertSettings(), adv)
+        sent: list[Alert] = []
+        if overload:
+            shed = [replace(_shedding(d, T0 + W), before=0.0, after=0.16) for d in devs]
+            queue = [
+                replace(p, metric="queue_wait_ms", stage=STAGE_OF["queue_wait_ms"],
+                        before=900.0, after=30000.0)
+                for p in shed
+            ]  # fmt: skip
+            corr.add([*shed, *queue], T0 + 4 * W, counts)
+            sent += life.due(corr.incidents, T0 + 11 * W, counts)
+        grew = [
+            replace(_shedding(d, landed + W), model=NEW, before=0.16, after=0.21) for d in devs
+        ]
+        corr.add(grew, landed + 4 * W, counts)
+        for w in range(11, 40):
+            sent += life.due(corr.incidents, T0 + (w + 1) * W, counts)
+        return [a for a in sent if a.scope.model == NEW]
+
+    after = new_model_failures(overload=True)
+    assert after
+    assert {(a.severity, a.bottleneck) for a in after} == {("info", "overload")}
+    assert {a.suggestion.change_id for a in after} == {"chg-7"}
+    assert "shedding" in after[0].summary, after[0].summary
+    alone = new_model_failures(overload=False)
+    assert alone
+    assert alone[-1].severity in ("ticket", "page") and alone[-1].bottleneck == "errors"
+    assert alone[-1].suggestion.change_id == "chg-7"
