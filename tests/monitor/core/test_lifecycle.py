@@ -571,9 +571,7 @@ def test_failures_that_grow_in_an_overload_already_shedding_are_capacity() -> No
             ]  # fmt: skip
             corr.add([*shed, *queue], T0 + 4 * W, counts)
             sent += life.due(corr.incidents, T0 + 11 * W, counts)
-        grew = [
-            replace(_shedding(d, landed + W), model=NEW, before=0.16, after=0.21) for d in devs
-        ]
+        grew = [replace(_shedding(d, landed + W), model=NEW, before=0.16, after=0.21) for d in devs]
         corr.add(grew, landed + 4 * W, counts)
         for w in range(11, 40):
             sent += life.due(corr.incidents, T0 + (w + 1) * W, counts)
@@ -586,5 +584,5 @@ def test_failures_that_grow_in_an_overload_already_shedding_are_capacity() -> No
     assert "shedding" in after[0].summary, after[0].summary
     alone = new_model_failures(overload=False)
     assert alone
-    assert alone[-1].severity in ("ticket", "page") and alone[-1].bottleneck == "errors"
+    assert (alone[-1].severity, alone[-1].bottleneck) == ("page", "errors"), alone[-1].summary
     assert alone[-1].suggestion.change_id == "chg-7"
