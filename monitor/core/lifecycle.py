@@ -652,21 +652,16 @@ class AlertLifecycle:
         suggestion = self.advisor.suggest(
             inc, stage, bottleneck, guardrail(what, metric, before, self.s), level, since=since
         )
-        bound = shed = None
+        capacity = ""
         if bottleneck == "overload" and suggestion.action == "rollback" and not queue_only:
             # A change that fits explains it: the traffic only exposed it. Not overload.
             # Unless the queue is all there is and the load is one the pool never ran at:
             # then the load explains the queue (a routing change that sent the load is
             # named, the record stays capacity), and an admission rule cannot be told
-            # from it until the pool has run at that load before. Nor where the pool's
-            # queue is no longer than it was at the nearest higher load it ran at: a
-            # queue grows with the load, so that load bounds what this one does, and a
-            # rule that holds requests back queues them longer than that.
-            # Nor failures that grew in an overload already shedding when the change came
-            # (`_sheds_into_overload`): the change moved capacity, judged on its mechanism.
-            bound = self._backlog_bound(inc, metric, load, moved, classed)
-            shed = None if bound is not None else self._sheds_into_overload(inc, suggestion)
-            if bound is None and shed is None:
+            # from it until the pool has run at that load before. Nor where what the
+            # pool did bounds it (`_capacity_bound`).
+            capacity = self._capacity_bound(inc, (metric, load), moved, classed, suggestion)
+            if not capacity:
                 bottleneck = bottleneck_class(stage, classed, explained=True, queue_held=queue_held)
         share = _share(inc, n_pool, level, bottleneck, support, moved)
         heat_text = ""
@@ -687,17 +682,7 @@ class AlertLifecycle:
         sev, novel_text = self._load_explains(
             inc, sev, (metric, before, after), moved, load, suggestion
         )
-        if shed is not None:
-            novel_text += (
-                f" (its pool's overload was shedding requests {(inc.onset_ts - shed) / 60:.1f}"
-                " min before; at the admission limit failures are the offered load beyond"
-                " capacity)"
-            )
-        if bound is not None:
-            novel_text += (
-                f" (the pool's {_METRIC_WORDS.get(metric, metric)} {bound[0]:.4g}; it was"
-                f" {bound[1]:.4g} at a higher load before)"
-            )
+        novel_text += capacity
         return Alert(
             v=1,
             id=inc.alert_id or "",
@@ -886,6 +871,39 @@ class AlertLifecycle:
         if then is None:
             return None
         return then if _no_worse(metric, after, then) else None
+
+    def _capacity_bound(
+        self,
+        inc: Incident,
+        at: tuple[str, float],
+        moved: set[str],
+        classed: set[str],
+        suggestion: Suggestion,
+    ) -> str:
+        """How what the pool did bounds a backlog a change came right before, in words for
+        the summary ("": it does not, and the change explains it); `at`: the metric and
+        the offered load.
+
+        A queue grows with the load, so where the pool's queue is no longer than it was
+        at the nearest higher load it ran at, that load bounds what this one does, and a
+        rule that holds requests back queues them longer (`_backlog_bound`). Failures
+        that grew in an overload already shedding when the change came moved with
+        capacity, judged on the change's mechanism (`_sheds_into_overload`)."""
+        metric, load = at
+        bound = self._backlog_bound(inc, metric, load, moved, classed)
+        if bound is not None:
+            return (
+                f" (the pool's {_METRIC_WORDS.get(metric, metric)} {bound[0]:.4g}; it was"
+                f" {bound[1]:.4g} at a higher load before)"
+            )
+        shed = self._sheds_into_overload(inc, suggestion)
+        if shed is None:
+            return ""
+        return (
+            f" (its pool's overload was shedding requests {(inc.onset_ts - shed) / 60:.1f}"
+            " min before; at the admission limit failures are the offered load beyond"
+            " capacity)"
+        )
 
     def _backlog_bound(
         self, inc: Incident, metric: str, load: float, moved: set[str], classed: set[str]
