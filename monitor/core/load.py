@@ -14,13 +14,14 @@ the model's extrapolation error, so it is withheld (NaN) while the model learns
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
 
 from monitor.arrays import F64, I64, Bools
 from monitor.core.load_model import LoadModel
-from monitor.indicators import BAD_DIRECTION
+from monitor.indicators import BAD_DIRECTION, DEFAULT_MIN_REL_CHANGE, MIN_REL_CHANGE
 
 # Load-driven columns; the rest are judged on their raw values.
 LOAD_SENSITIVE = frozenset({
@@ -54,6 +55,17 @@ def back_to_expected(
     return out
 
 
+# Features' reporting floors, in their units (`LoadModel`'s jitter): request rates within
+# the rate's floor of each other are one load (as `exposure.SAME_LOAD`), so a rate that
+# differs by less between devices, or drifts by less over a stream's memory, teaches the
+# model no response to it. A pool's devices' own rates differ by a few per cent for reasons
+# of their own (a balancer's weight, a slower device kept busier), persistently; learnt as
+# load, their latency differences read as a steep response, and a fraction of a per cent
+# of jitter in a device's rate moved its expectation by tens of per cent. The batch is a
+# count the engine sets: exact.
+FEATURE_FLOORS = (0.0, math.log1p(MIN_REL_CHANGE.get("req_rate", DEFAULT_MIN_REL_CHANGE)), 0.0)
+
+
 class LoadAdjuster:
     """Turns a wave's value matrix into load-normalised ratios, all columns at once.
 
@@ -78,7 +90,7 @@ class LoadAdjuster:
         )
         self._forget = float(forget)
         n = max(self._cols.size, 1)
-        self._model = LoadModel(3, forget=forget, capacity=16 * n)
+        self._model = LoadModel(3, forget=forget, capacity=16 * n, jitter=FEATURE_FLOORS)
 
     def _ids(self, groups: I64) -> I64:
         """Model ids of (group, slot) pairs: one row per group, one column per slot."""
@@ -199,4 +211,6 @@ class LoadAdjuster:
         """Load column models saved by `snapshot` (by this class or its per-column form)."""
         slots = {int(col): j for j, col in enumerate(self._cols)}
         parts = {slots[c]: LoadModel.restore(b) for c, b in blobs.items() if c in slots}
-        self._model = LoadModel.interleave(parts, self._cols.size, forget=self._forget)
+        self._model = LoadModel.interleave(
+            parts, self._cols.size, forget=self._forget, jitter=FEATURE_FLOORS
+        )

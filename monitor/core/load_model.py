@@ -52,6 +52,7 @@ class LoadModel:
         warmup: int | None = None,
         clip: float = 4.0,
         capacity: int = 16,
+        jitter: tuple[float, ...] = (),
     ) -> None:
         if n_features < 0 or not 0 < forget <= 1 or ridge < 0 or clip <= 0:
             raise ValueError("n_features >= 0, 0 < forget <= 1, ridge >= 0, clip > 0 required")
@@ -61,6 +62,16 @@ class LoadModel:
         if self.p == 0:
             raise ValueError("a model needs an intercept or at least one feature")
         self.forget, self.ridge, self.clip = float(forget), float(ridge), float(clip)
+        # Per feature: how far apart two samples' values may lie and still be the same load
+        # (a reporting floor; 0: exact). Each sample adds its square to that feature's
+        # diagonal, as if its value were known only that closely: spread within it teaches
+        # no slope, and a call within it of what was seen is no new load (`support`).
+        self.jitter = tuple(float(j) for j in jitter) + (0.0,) * (n_features - len(jitter))
+        if len(self.jitter) != self.n_features or min(self.jitter, default=0.0) < 0:
+            raise ValueError("one jitter >= 0 per feature at most")
+        self._jitter2 = np.array(
+            [0.0] * int(self.intercept) + [j * j for j in self.jitter], dtype=np.float64
+        )
         self.warmup = 4 * self.p if warmup is None else int(warmup)
         self._cap = 0
         self._a = np.zeros((0, self.p, self.p))
@@ -100,7 +111,7 @@ class LoadModel:
     def _params(self) -> dict[str, Any]:
         return {
             "forget": self.forget, "ridge": self.ridge, "intercept": self.intercept,
-            "warmup": self.warmup, "clip": self.clip,
+            "warmup": self.warmup, "clip": self.clip, "jitter": list(self.jitter),
         }  # fmt: skip
 
     def take_slots(self, slot: int, stride: int) -> LoadModel:
@@ -122,7 +133,9 @@ class LoadModel:
             return cls(3, capacity=16 * stride, **defaults)
         first = next(iter(parts.values()))
         groups = max(p._cap for p in parts.values())
-        out = cls(first.n_features, capacity=groups * stride, **first._params())
+        # The jitter is the caller's (a reporting floor, not something learned).
+        params = {**first._params(), "jitter": defaults.get("jitter", first.jitter)}
+        out = cls(first.n_features, capacity=groups * stride, **params)
         for slot, part in parts.items():
             for name in cls._ARRAYS:
                 getattr(out, name)[slot : part._cap * stride : stride] = getattr(part, name)
@@ -276,6 +289,8 @@ class LoadModel:
         """One call's sums into models `ids`: forget once, add, re-solve, track scale and level."""
         lam = self.forget
         a = lam * self._a[ids] + xtx
+        if self._jitter2.any():
+            a += counts.astype(np.float64)[:, None, None] * np.diag(self._jitter2)
         b = lam * self._b[ids] + xty
         self._a[ids], self._b[ids] = a, b
         self._theta[ids] = np.linalg.solve(self._regularised(a), b[:, :, None])[:, :, 0]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.core.load import LoadAdjuster, back_to_expected
+from monitor.core.load import FEATURE_FLOORS, LoadAdjuster, back_to_expected
 from monitor.core.load_model import LoadModel
 
 
@@ -217,7 +217,8 @@ def test_adjuster_equals_one_model_per_column_bit_for_bit() -> None:
     a model of its own per column gives: same ratios, bit for bit, holds included."""
     rng = np.random.default_rng(5)
     adj = LoadAdjuster(COLUMNS, 0.99, 5.0)
-    ref = {c: LoadModel(3, forget=0.99) for c in (0, 1, 3, 4)}  # temp_c is not load-driven
+    # temp_c is not load-driven
+    ref = {c: LoadModel(3, forget=0.99, jitter=FEATURE_FLOORS) for c in (0, 1, 3, 4)}
     for t in range(300):
         if t % 97 in (0, 40):
             held = np.arange(10) if t % 97 == 40 else rng.integers(0, 10, 3)

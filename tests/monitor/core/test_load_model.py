@@ -3,6 +3,8 @@ regression away."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -170,3 +172,38 @@ def test_a_grid_with_a_gap_or_a_frozen_group_is_not_complete() -> None:
     assert not model.complete(g, 2, f, np.array([[1.0, np.nan], [1.0, 1.0]]))
     model.freeze(np.array([3]))  # group 1's second column
     assert not model.complete(g, 2, f, y)
+
+
+def test_a_feature_spread_within_its_reporting_floor_teaches_no_slope() -> None:
+    """Eight devices whose request rates differ by up to 2 %, persistently, and whose levels
+    differ by up to 30 % for reasons of their own. Learnt as load, the rate reads as a steep
+    response: a 1 % rate change moves the expectation by about 8 %. With the rate known
+    only to its 5 % floor it moves it by under 1 %, while a x2 burst that raises the level
+    x1.5 is still learnt as the response it is."""
+    floor = math.log1p(0.05)
+    rates = 100.0 * (1.0 + 0.02 * np.arange(8) / 7)
+    levels = 50.0 * (1.0 + 0.3 * np.arange(8) / 7)
+    groups = np.zeros(8, dtype=np.int64)
+
+    def feats(rate: np.ndarray) -> np.ndarray:
+        batch = np.full(rate.size, 32.0)
+        return np.column_stack([np.log1p(batch), np.log1p(rate), 1.0 / batch])
+
+    def moved_by_one_percent(jitter: tuple[float, ...], burst: bool) -> tuple[float, float]:
+        m = LoadModel(3, forget=0.99, jitter=jitter)
+        for t in range(300):
+            on = burst and t % 20 < 10
+            m.update(groups, feats(rates * (2.0 if on else 1.0)), levels * (1.5 if on else 1.0))
+        base, up = (
+            m.predict(groups[:1], feats(rates[:1])),
+            m.predict(groups[:1], feats(rates[:1] * 1.01)),
+        )
+        at_burst = m.predict(groups[:1], feats(rates[:1] * 2.0))
+        return float(up[0] / base[0] - 1.0), float(at_burst[0] / base[0])
+
+    steep, _ = moved_by_one_percent((), burst=False)
+    flat, _ = moved_by_one_percent((0.0, floor, 0.0), burst=False)
+    assert steep > 0.05
+    assert abs(flat) < 0.01
+    _, burst_ratio = moved_by_one_percent((0.0, floor, 0.0), burst=True)
+    assert 1.4 < burst_ratio < 1.6
