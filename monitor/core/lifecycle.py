@@ -941,7 +941,7 @@ class AlertLifecycle:
     def _shedding_overloads(self, incidents: list[Incident]) -> _Shedding:
         """Per pool, its open overload records whose devices shed requests, as (alert id,
         the median onset of their failures)."""
-        out: dict[str | None, list[tuple[str, float]]] = {}
+        out: _Shedding = {}
         for inc in incidents:
             sent = self.states.get(inc.alert_id or "")
             if not inc.paging or sent is None or sent.bottleneck != "overload":
@@ -969,16 +969,13 @@ class AlertLifecycle:
         landed = next((c.ts for c in self.advisor.changes if c.id == suggestion.change_id), None)
         if landed is None:
             return None
-        began = [
-            onset
-            for aid, onset in self.shedding.get(inc.pool, ())
-            if aid != inc.alert_id and onset < landed
-        ]
-        if not began:
-            return None
+        began = min(
+            (o for aid, o in self.shedding.get(inc.pool, ()) if aid != inc.alert_id and o < landed),
+            default=None,
+        )
         if sent is not None:
-            sent.shedding = min(began)
-        return min(began)
+            sent.shedding = began
+        return began
 
     def _load_novelty(self, inc: Incident) -> float:
         """The peak offered load from the incident's onset to its first detection over the

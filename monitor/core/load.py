@@ -20,8 +20,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from monitor.arrays import F64, I64, Bools
+from monitor.core.exposure import SAME_LOAD
 from monitor.core.load_model import LoadModel
-from monitor.indicators import BAD_DIRECTION, DEFAULT_MIN_REL_CHANGE, MIN_REL_CHANGE
+from monitor.indicators import BAD_DIRECTION
 
 # Load-driven columns; the rest are judged on their raw values.
 LOAD_SENSITIVE = frozenset({
@@ -63,7 +64,7 @@ def back_to_expected(
 # load, their latency differences read as a steep response, and a fraction of a per cent
 # of jitter in a device's rate moved its expectation by tens of per cent. The batch is a
 # count the engine sets: exact.
-FEATURE_FLOORS = (0.0, math.log1p(MIN_REL_CHANGE.get("req_rate", DEFAULT_MIN_REL_CHANGE)), 0.0)
+FEATURE_FLOORS = (0.0, math.log1p(SAME_LOAD), 0.0)
 
 
 class LoadAdjuster:
