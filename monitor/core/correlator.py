@@ -962,10 +962,21 @@ class Correlator:
             pool_wide = pool_size > 0 and 2 * len(inc.devices) >= pool_size
             if pool_wide or any(q.device == p.device for q in same):
                 return inc
-        for inc in self.incidents:
-            if inc.status == "open" and self._fits(inc, p) and not self._own_cause(inc, p):
+        fits = [
+            inc for inc in self.incidents
+            if inc.status == "open" and self._fits(inc, p) and not self._own_cause(inc, p)
+        ]  # fmt: skip
+        # One device moving at one moment (within the onset estimate's own uncertainty,
+        # two windows) is one event: a latency that rose with its device's queue is that
+        # queue's incident, not the earlier one of another mechanism the grouping window
+        # still holds open.
+        for inc in fits:
+            if any(
+                q.device == p.device and abs(q.onset_ts - p.onset_ts) <= 2 * p.window_s
+                for q in inc.points
+            ):
                 return inc
-        return None
+        return fits[0] if fits else None
 
     def drop_resolved(self, now_ts: float, keep_s: float) -> None:
         """Forget resolved incidents older than keep_s, and never-paged ones gone stale."""

@@ -264,3 +264,43 @@ def test_a_shift_dated_across_a_gap_may_have_begun_anywhere_in_it() -> None:
         )
         corr.add([pt(i, T0 + 3 * W, T0 + 3 * W) for i in range(1, 5)], gap_end + 6 * W)
         assert len(corr.incidents) == incidents
+
+
+def test_a_latency_that_rose_with_its_devices_queue_joins_that_queues_incident() -> None:
+    """A quality drop on one device opens an incident; three minutes later an admission
+    policy change queues the pool (an incident of its own, its own cause). The p99 of
+    three devices, found after, rose at the very window their queues did: the queue's
+    incident, though the quality one is older and still within its grouping window (on
+    the old grouping, the first open incident that fit took them, and a one-device
+    quality drop read as four devices)."""
+    adv = Advisor()
+    corr = Correlator()
+    corr.new_cause = adv.new_cause
+
+    def pt(i: int, metric: str, stage: Stage, onset: float, before: float, after: float,
+           found: float) -> ChangePoint:  # fmt: skip
+        return ChangePoint(
+            device=f"h0/gpu{i}", host="h0", pool="serve", model="m@1", layer=None,
+            metric=metric, stage=stage, onset_ts=onset, detected_ts=found, before=before,
+            after=after, score=5.0, window_s=W,
+        )  # fmt: skip
+
+    corr.add([pt(2, "quality", "validation", T0, 0.970, 0.955, T0 + 15 * W)], T0 + 15 * W)
+    (quality,) = corr.incidents
+    onset = T0 + 21 * W
+    adv.add_change(_change("policy", onset - 0.5 * W, kind="traffic_policy", pool="serve"))
+    queues = [pt(i, "queue_wait_ms", "ingress", onset, 110.0, 365.0, onset + 4 * W)
+              for i in range(8)]  # fmt: skip
+    corr.add(queues, onset + 4 * W)
+    lat = [pt(i, "lat_p99_ms", "validation", onset, 10_900.0, 12_100.0, onset + 6 * W)
+           for i in (3, 5, 7)]  # fmt: skip
+    corr.add(lat, onset + 6 * W)
+    queue = next(i for i in corr.incidents if i is not quality)
+    assert {p.metric for p in quality.points} == {"quality"}
+    assert quality.devices == {"h0/gpu2"}
+    assert {p.metric for p in queue.points} == {"queue_wait_ms", "lat_p99_ms"}
+    # A device whose latency rose with no move of its own in the queue's incident joins the
+    # first incident that fits, as before.
+    corr.add([pt(2, "lat_p99_ms", "validation", onset + 8 * W, 10_900.0, 12_100.0,
+                 onset + 10 * W)], onset + 10 * W)  # fmt: skip
+    assert {p.metric for p in quality.points} == {"quality", "lat_p99_ms"}
