@@ -499,26 +499,39 @@ class Pipeline:
             inc = next((i for i in self.correlator.incidents if i.alert_id == alert.id), None)
             if inc is None:
                 continue
+            keys = _held_metrics(inc)
+            if alert.status == "firing":
+                self._hold(keys, hold=True)
+                continue
             # A resolve thaws the whole group: a checkpoint from a version that froze every
-            # column would otherwise keep the others frozen for good.
-            firing = alert.status == "firing"
-            members = (inc, *inc.children)
-            keys: dict[tuple[str | None, str | None, str | None], set[str]] = {}
-            for p in (q for m in members for q in m.primary_points()):
-                keys.setdefault((p.pool, p.model, p.layer), set()).add(p.metric)
-            # Every partition's copy of the group holds, not only those whose devices were
-            # found so far: the pool's devices not yet found would otherwise learn the
-            # regressed level as normal and never show it.
-            for st in self.partitions.values():
-                for (pool, model, layer), metrics in keys.items():
-                    # A device-level metric: both device-level families of its pool
-                    # (per-layer and `all`-only devices) hold, whichever its device is in.
-                    gids = [st.table.gids_of(pool, model, lay)
-                            for lay in ((layer,) if layer else DEVICE_GROUPS)]  # fmt: skip
-                    arr = np.array(sorted(set().union(*gids)), dtype=np.int64)
-                    for adjuster in st.adjusters.values():
-                        if adjuster is not None:
-                            adjuster.hold(arr, hold=firing, metrics=metrics if firing else None)
+            # column would otherwise keep the others frozen for good. What another incident
+            # of the group still firing holds stays held: one incident's fix is not the
+            # group's (an overload record resolving must not let the model learn another
+            # incident's regressed level, or a change landing on it, as normal).
+            self._hold(keys, hold=False)
+            for other in self.correlator.incidents:
+                if other is inc or not other.paging:
+                    continue
+                held = _held_metrics(other)
+                self._hold({k: m for k, m in held.items() if k in keys}, hold=True)
+
+    def _hold(
+        self, keys: dict[tuple[str | None, str | None, str | None], set[str]], *, hold: bool
+    ) -> None:
+        """Freeze (`hold`) these groups' models of these metrics, or thaw the groups whole."""
+        # Every partition's copy of the group holds, not only those whose devices were
+        # found so far: the pool's devices not yet found would otherwise learn the
+        # regressed level as normal and never show it.
+        for st in self.partitions.values():
+            for (pool, model, layer), metrics in keys.items():
+                # A device-level metric: both device-level families of its pool
+                # (per-layer and `all`-only devices) hold, whichever its device is in.
+                gids = [st.table.gids_of(pool, model, lay)
+                        for lay in ((layer,) if layer else DEVICE_GROUPS)]  # fmt: skip
+                arr = np.array(sorted(set().union(*gids)), dtype=np.int64)
+                for adjuster in st.adjusters.values():
+                    if adjuster is not None:
+                        adjuster.hold(arr, hold=hold, metrics=metrics if hold else None)
 
     # -- checkpoints and hand-over (the payloads: `core.state`) -------------------------
     def snapshot_partition(self, partition: int) -> bytes:
@@ -804,6 +817,14 @@ _COMPLEMENT_COLS = {
     k.columns: np.array([i for i, m in enumerate(k.columns) if m in COMPLEMENT], dtype=np.int64)
     for k in STREAM_KINDS
 }
+
+
+def _held_metrics(inc: Incident) -> dict[tuple[str | None, str | None, str | None], set[str]]:
+    """The metrics an incident (with its fleet children) regressed, by (pool, model, layer)."""
+    keys: dict[tuple[str | None, str | None, str | None], set[str]] = {}
+    for p in (q for m in (inc, *inc.children) for q in m.primary_points()):
+        keys.setdefault((p.pool, p.model, p.layer), set()).add(p.metric)
+    return keys
 
 
 def _update(

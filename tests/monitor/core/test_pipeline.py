@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
+import msgspec
 import numpy as np
 import pytest
 from factories import T0, fleet, joining_fleet, msg, window
@@ -480,6 +482,49 @@ def test_a_firing_incident_holds_its_groups_in_every_partition() -> None:
         held[part] = {m for j, m in enumerate(slots) if frozen[:, j].all()}
     # Only the model of the metric that regressed: the group's others go on learning.
     assert held == {part: {"mfu"} for part in range(4)}
+
+
+def _held(p: Pipeline, pool: str, model: str, layer: str) -> dict[int, set[str]]:
+    """Per partition: the metrics whose load models are frozen in all of a group's copies."""
+    held = {}
+    for part, state in p.partitions.items():
+        gids = state.table.gids_of(pool, model, layer)
+        adj = state.adjusters["layer"]
+        assert gids
+        assert adj is not None
+        frozen = adj._model._frozen[adj._ids(np.array(gids))]
+        slots = [adj.columns[c] for c in adj._cols.tolist()]
+        held[part] = {m for j, m in enumerate(slots) if frozen[:, j].all()}
+    return held
+
+
+def test_one_incident_resolving_leaves_what_another_firing_one_holds_frozen() -> None:
+    """Two incidents of one group fire; the one holding `stall_frac` resolves. The group
+    thaws but for the `mfu` the other still holds: on the old rule a resolve thawed the
+    whole group, and an overload record resolving let the model of a still-firing
+    incident's metric learn its regressed level (or a change landing then) as normal."""
+    p = Pipeline(Settings())
+    first = None
+    for b in fleet(90, regress_at=49, change_at=48):
+        first = next((a for a in p.process(b).alerts if a.status == "firing"), None)
+        if first is not None:
+            break
+    assert first is not None
+    inc = next(i for i in p.correlator.incidents if i.alert_id == first.id)
+    other = dataclasses.replace(
+        inc, points=[dataclasses.replace(q, metric="stall_frac") for q in inc.points],
+        alert_id="fw-other", metric="stall_frac", children=[],
+    )  # fmt: skip
+    p.correlator.incidents.append(other)
+    p._hold_load_models([msgspec.structs.replace(first, id="fw-other")])
+    group = ("train-a", first.scope.model, "attention")
+    assert _held(p, *group) == {part: {"mfu", "stall_frac"} for part in range(4)}
+    other.status = "resolved"
+    p._hold_load_models([msgspec.structs.replace(first, id="fw-other", status="resolved")])
+    assert _held(p, *group) == {part: {"mfu"} for part in range(4)}
+    inc.status = "resolved"
+    p._hold_load_models([msgspec.structs.replace(first, status="resolved")])
+    assert _held(p, *group) == {part: set() for part in range(4)}
 
 
 def test_a_new_versions_pool_aggregate_shows_its_failures_from_the_deploy() -> None:
