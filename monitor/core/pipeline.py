@@ -515,9 +515,7 @@ class Pipeline:
                 held = _held_metrics(other)
                 self._hold({k: m for k, m in held.items() if k in keys}, hold=True)
 
-    def _hold(
-        self, keys: dict[tuple[str | None, str | None, str | None], set[str]], *, hold: bool
-    ) -> None:
+    def _hold(self, keys: HeldMetrics, *, hold: bool) -> None:
         """Freeze (`hold`) these groups' models of these metrics, or thaw the groups whole."""
         # Every partition's copy of the group holds, not only those whose devices were
         # found so far: the pool's devices not yet found would otherwise learn the
@@ -819,9 +817,13 @@ _COMPLEMENT_COLS = {
 }
 
 
-def _held_metrics(inc: Incident) -> dict[tuple[str | None, str | None, str | None], set[str]]:
+# Load-model holds: by (pool, model, layer) group, the metrics held.
+HeldMetrics = dict[tuple[str | None, str | None, str | None], set[str]]
+
+
+def _held_metrics(inc: Incident) -> HeldMetrics:
     """The metrics an incident (with its fleet children) regressed, by (pool, model, layer)."""
-    keys: dict[tuple[str | None, str | None, str | None], set[str]] = {}
+    keys: HeldMetrics = {}
     for p in (q for m in (inc, *inc.children) for q in m.primary_points()):
         keys.setdefault((p.pool, p.model, p.layer), set()).add(p.metric)
     return keys
