@@ -455,6 +455,20 @@ def test_a_change_read_after_the_windows_names_itself_on_the_open_page_at_once()
     assert {a.id for a in later} <= {a.id for a in alerts}
 
 
+def _held(p: Pipeline, pool: str, model: str, layer: str) -> dict[int, set[str]]:
+    """Per partition: the metrics whose load models are frozen in all of a group's copies."""
+    held = {}
+    for part, state in p.partitions.items():
+        gids = state.table.gids_of(pool, model, layer)
+        adj = state.adjusters["layer"]
+        assert gids
+        assert adj is not None
+        frozen = adj._model._frozen[adj._ids(np.array(gids))]
+        slots = [adj.columns[c] for c in adj._cols.tolist()]
+        held[part] = {m for j, m in enumerate(slots) if frozen[:, j].all()}
+    return held
+
+
 def test_a_firing_incident_holds_its_groups_in_every_partition() -> None:
     """The first alert of a pool's regression holds that pool's load models of the
     regressed metric in every input partition, not only in those whose devices were found:
@@ -471,31 +485,9 @@ def test_a_firing_incident_holds_its_groups_in_every_partition() -> None:
     assert first is not None
     assert first.scope.pool == "train-a"
     assert {int(d.split("gpu")[1]) % 4 for d in first.scope.devices} == {0, 1, 2}
-    held = {}
-    for part, state in p.partitions.items():
-        gids = state.table.gids_of("train-a", first.scope.model, "attention")
-        adj = state.adjusters["layer"]
-        assert gids
-        assert adj is not None
-        frozen = adj._model._frozen[adj._ids(np.array(gids))]
-        slots = [adj.columns[c] for c in adj._cols.tolist()]
-        held[part] = {m for j, m in enumerate(slots) if frozen[:, j].all()}
     # Only the model of the metric that regressed: the group's others go on learning.
+    held = _held(p, "train-a", first.scope.model, "attention")
     assert held == {part: {"mfu"} for part in range(4)}
-
-
-def _held(p: Pipeline, pool: str, model: str, layer: str) -> dict[int, set[str]]:
-    """Per partition: the metrics whose load models are frozen in all of a group's copies."""
-    held = {}
-    for part, state in p.partitions.items():
-        gids = state.table.gids_of(pool, model, layer)
-        adj = state.adjusters["layer"]
-        assert gids
-        assert adj is not None
-        frozen = adj._model._frozen[adj._ids(np.array(gids))]
-        slots = [adj.columns[c] for c in adj._cols.tolist()]
-        held[part] = {m for j, m in enumerate(slots) if frozen[:, j].all()}
-    return held
 
 
 def test_one_incident_resolving_leaves_what_another_firing_one_holds_frozen() -> None:
