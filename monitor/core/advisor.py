@@ -184,6 +184,10 @@ class Advisor:
         """Whether a change that could have caused `p` (`_acts_on`) landed in (start, end]."""
         return any(_acts_on(c, p) for c in self._between(start, end))
 
+    def last_landed_on(self, p: ChangePoint, start: float, end: float) -> float | None:
+        """When the latest change that could have caused `p` landed in (start, end]."""
+        return max((c.ts for c in self._between(start, end) if _acts_on(c, p)), default=None)
+
     def new_cause(self, inc: Incident, p: ChangePoint, via: Iterable[ChangePoint] = ()) -> bool:
         """Whether a change landed after anything that could explain `inc` and by the first
         bad window of `p`, of a kind that fits p's stage, where p is: p then has a cause of

@@ -129,8 +129,9 @@ class LoadModel:
     def interleave(cls, parts: dict[int, LoadModel], stride: int, **defaults: Any) -> LoadModel:
         """One model whose group ``g * stride + slot`` is group g of ``parts[slot]``; slots
         without a part (or groups past a part's capacity) start fresh."""
+        n_features = int(defaults.pop("n_features", 3))
         if not parts:
-            return cls(3, capacity=16 * stride, **defaults)
+            return cls(n_features, capacity=16 * stride, **defaults)
         first = next(iter(parts.values()))
         groups = max(p._cap for p in parts.values())
         # The jitter is the caller's (a reporting floor, not something learned).
@@ -221,6 +222,12 @@ class LoadModel:
         if groups.size:
             self._grow(int(groups.max()) + 1)
             self._frozen[groups] = True
+
+    def frozen(self, groups: I64) -> Bools:
+        """Whether each of these groups is frozen."""
+        groups = np.asarray(groups, dtype=np.int64)
+        out: Bools = (groups < self._cap) & self._frozen[np.minimum(groups, self._cap - 1)]
+        return out
 
     def thaw(self, groups: I64) -> None:
         """Resume learning for these groups."""

@@ -461,9 +461,10 @@ class Pipeline:
         for kind in STREAM_KINDS:
             st.detectors[kind.name].forget(released.rows_of(kind))
             st.excursions.forget(kind.name, released.rows_of(kind))
-        for adjuster in st.adjusters.values():
-            if adjuster is not None:  # every kind's load models are per group
+            adjuster = st.adjusters[kind.name]
+            if adjuster is not None:  # load models are per group, saturation per stream
                 adjuster.forget(released.groups)
+                adjuster.forget_streams(released.rows_of(kind))
         st.levels.forget(released.groups)
         counts["device"] += released.device_rows.size
         counts["layer"] += released.layer_rows.size
@@ -691,7 +692,7 @@ class Pipeline:
             scale = None
             if adjuster is not None:
                 withheld = adjuster.extrapolated
-                vals, scale = adjuster.adjust(groups[wave], load[wave], vals)
+                vals, scale = adjuster.adjust(groups[wave], load[wave], vals, rows[wave])
                 self.stats.load_extrapolated += adjuster.extrapolated - withheld
                 if norm is not None:
                     norm[wave] = vals
@@ -791,6 +792,13 @@ class Pipeline:
                 fields=fields, members=members,
                 onset_late=max(float(det.onset_ts[i]), float(first_bad[i]) - win),
             )  # fmt: skip
+            if p.onset_late > p.onset_ts + win:
+                # Dated across a gap (windows unseen, or withheld: a saturated queue), the
+                # shift began anywhere in it; a change that could cause it and landed in it
+                # dates it, where the samples cannot.
+                landed = self.advisor.last_landed_on(p, p.onset_ts, p.onset_late + win)
+                if landed is not None:
+                    p = replace(p, onset_ts=landed, onset_late=max(landed, p.onset_late))
             # A return to the level left when the load went away, unless a change that
             # could cause it landed since it went away.
             left = np.nan if since is None else float(since[i])

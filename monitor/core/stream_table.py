@@ -55,8 +55,8 @@ class Frame:
     # (pool, model) per device row, and each row's load (batch, req_rate; NaN = unknown).
     layer_group: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     device_group: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    layer_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
-    device_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
+    layer_load: F64 = field(default_factory=lambda: np.empty((0, 3)))
+    device_load: F64 = field(default_factory=lambda: np.empty((0, 3)))
     # Per (group, window) aggregates: pool MFU = sum(flops/peak) / sum(busy_s), etc.
     pool_layer_rows: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     pool_layer_ts: F64 = field(default_factory=lambda: np.empty(0))
@@ -64,8 +64,8 @@ class Frame:
     pool_device_rows: I64 = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     pool_device_ts: F64 = field(default_factory=lambda: np.empty(0))
     pool_device_values: F64 = field(default_factory=lambda: np.empty((0, len(DEVICE_METRICS))))
-    pool_layer_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
-    pool_device_load: F64 = field(default_factory=lambda: np.empty((0, 2)))
+    pool_layer_load: F64 = field(default_factory=lambda: np.empty((0, 3)))
+    pool_device_load: F64 = field(default_factory=lambda: np.empty((0, 3)))
     # Devices behind each pool layer aggregate (those that reported busy time).
     pool_layer_devices: F64 = field(default_factory=lambda: np.empty(0))
 
@@ -176,7 +176,7 @@ class _Columns:
     dflops: F64
     draw: F64  # (m, len(DEVICE_METRICS) - 1)
     dgroup: I64
-    dload: F64  # (m, 2): batch, req_rate
+    dload: F64  # (m, 3): batch, req_rate, busy fraction (`utilisation`)
     lkernel: Bools  # whether each layer entry named a kernel (`coverage`)
 
 
@@ -582,6 +582,7 @@ class StreamTable:
         draw = np.array(list(chain.from_iterable(map(_device_raw, recs))),
                         dtype=np.float64).reshape(m, len(_DEVICE_RAW_FIELDS))  # fmt: skip
         ingress = draw[:, _INGRESS_AT]
+        dwin = np.fromiter(map(_WINDOW_S, recs), dtype=np.float64, count=m)
         dpeak = np.fromiter(map(_PEAK, devs), dtype=np.float64, count=m)
         kernels = list(map(_KERNEL, flat))
         return _Columns(
@@ -594,12 +595,17 @@ class StreamTable:
             kchanges=self._kernel_changes(lrows, kernels, dts[lrec]),
             drows=drows,
             dts=dts,
-            dwin=np.fromiter(map(_WINDOW_S, recs), dtype=np.float64, count=m),
+            dwin=dwin,
             dpeak=dpeak,
-            dflops=_device_flops(lraw[:, _FLOPS], is_all, lrec, m),
+            dflops=_device_sum(lraw[:, _FLOPS], is_all, lrec, m),
             draw=draw,
             dgroup=dgroup,
-            dload=ingress[:, [_BATCH, _REQ_RATE]],
+            dload=np.column_stack(
+                [
+                    ingress[:, [_BATCH, _REQ_RATE]],
+                    utilisation(_device_sum(lraw[:, _BUSY], is_all, lrec, m), dwin),
+                ]
+            ),
             lkernel=np.fromiter(map(is_not, kernels, repeat(None)), dtype=bool, count=n),
         )
 
@@ -892,8 +898,17 @@ def _index_of(entries: list[tuple[int, str, int]], end: int) -> LayerIndex:
 _FLOPS = LAYER_INPUTS.index("flops")
 
 
-def _device_flops(flops: F64, is_all: Bools, lrec: I64, m: int) -> F64:
-    """Per record: the sum of its layers' flops, or where none has any, its "all" layer's
+def utilisation(busy_s: F64, window_s: F64) -> F64:
+    """Busy fraction of each window: device busy seconds over its length, at most 1
+    (layers that overlap, a collective beside compute, count once); NaN: not measured."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: F64 = np.minimum(busy_s / window_s, 1.0)
+    return out
+
+
+def _device_sum(flops: F64, is_all: Bools, lrec: I64, m: int) -> F64:
+    """Per record: the sum of its layers' values (flops, busy seconds), or where none has
+    any, its "all" layer's
     (an exporter that knows only device counters sends one layer "all"); NaN: neither.
 
     `bincount` adds each record's terms one by one in layer order, from 0.0, as a walk

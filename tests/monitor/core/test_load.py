@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.core.load import FEATURE_FLOORS, LoadAdjuster, back_to_expected
+from monitor.core.load import CALM_KEY, FEATURE_FLOORS, LoadAdjuster, back_to_expected
 from monitor.core.load_model import LoadModel
 
 
@@ -242,8 +242,8 @@ def test_adjuster_checkpoints_are_per_column_models_both_ways() -> None:
         if t == 60:
             adj.hold(np.array([3, 7]), hold=True)
     blobs = adj.snapshot()
-    assert sorted(blobs) == [0, 1, 3, 4]
-    ref = {c: LoadModel.restore(b) for c, b in blobs.items()}
+    assert sorted(blobs) == [0, 1, 3, 4]  # no queue columns: no saturation state
+    ref = {c: LoadModel.restore(b) for c, b in blobs.items() if c != CALM_KEY}
     again = LoadAdjuster(COLUMNS, 0.99, 5.0)
     again.restore(blobs)
     for t in range(120, 240):
@@ -344,3 +344,95 @@ def test_a_burst_only_regression_at_a_load_seen_before_is_still_shown() -> None:
     second = [adj.adjust(*at(330.0, 848 + i, worse=0.85))[0] for i in range(12)]
     assert np.isfinite(second[0]).all()
     assert float(np.mean([r.mean() for r in second])) < 0.9
+
+
+def test_a_queue_is_expected_to_wait_as_its_utilisation_says_and_learns_nothing_saturated() -> None:
+    """A pool running hot waits three times as long at 0.94 busy as at 0.85 with its batch
+    and request rate within a few per cent: the queue's expectation follows its busy
+    fraction (rho / (1 - rho)), so at calm its ratio stays near 1. Saturated windows (a
+    backlog: waits of seconds) are withheld, failures with them, and teach nothing: the
+    calm expectation after them is what it was, and an admission rule that adds 250 ms
+    at calm shows as the ratio it is."""
+    rng = np.random.default_rng(11)
+    cols = ("queue_wait_ms", "lat_p99_ms", "mfu", "error_rate")
+    adj = LoadAdjuster(cols, min_support=5.0)
+    n = 16
+
+    def wave(rho: float, extra: float = 0.0, backlog: float = 0.0):
+        batch = 145.0 * np.exp(0.02 * rng.standard_normal(n))
+        r = np.clip(rho + 0.004 * rng.standard_normal(n), 0.0, 0.98)
+        wait = 20.0 + 10.0 * r / (1.0 - r) + extra + backlog
+        wait *= np.exp(0.03 * rng.standard_normal(n))
+        vals = np.column_stack([wait, 400.0 + 2.0 * wait, np.full(n, 0.4), np.full(n, 1e-4)])
+        return np.zeros(n, dtype=np.int64), np.column_stack([batch, batch / 6.0, r]), vals
+
+    def calm_ratios(extra: float = 0.0) -> np.ndarray:
+        out = [adj.adjust(*wave(float(rng.uniform(0.85, 0.94)), extra))[0] for _ in range(40)]
+        return np.concatenate(out)
+
+    for _ in range(300):
+        adj.adjust(*wave(float(rng.uniform(0.85, 0.94))))
+    before = calm_ratios()
+    assert np.all(np.abs(np.median(before[:, :2], axis=0) - 1.0) < 0.05)
+    assert np.quantile(np.abs(before[:, 0] - 1.0), 0.9) < 0.15  # raw waits vary x3
+    withheld = adj.extrapolated
+    for _ in range(30):  # a burst saturates the pool: a backlog of seconds
+        ratios, _ = adj.adjust(*wave(0.99, backlog=5000.0))
+        assert np.isnan(ratios[:, [0, 1, 3]]).all()
+        assert np.isfinite(ratios[:, 2]).all()  # efficiency is still judged
+    assert adj.extrapolated == withheld + 30 * n * 2
+    after = calm_ratios()
+    assert abs(np.median(after[:, 0]) - np.median(before[:, 0])) < 0.05
+    stepped = calm_ratios(extra=250.0)
+    assert np.median(stepped[:, 0]) > 1.8  # ~+250 ms on ~200 ms
+
+
+def test_queue_models_checkpointed_without_utilisation_restart_and_the_rest_restore() -> None:
+    """A checkpoint written before the queue's models had utilisation as a feature holds
+    three-feature models for every column: the queue's start fresh (warming up, NaN), the
+    efficiency columns' carry on as saved."""
+    rng = np.random.default_rng(2)
+    cols = ("mfu", "queue_wait_ms")
+    old = {c: LoadModel(3, forget=0.99, jitter=FEATURE_FLOORS) for c in range(2)}
+    for _ in range(50):
+        groups, load, y = window(rng, 80.0)
+        feats = np.column_stack([np.log1p(load), 1.0 / load[:, 0]])
+        for m in old.values():
+            m.update(groups, feats, y[:, 0])
+    adj = LoadAdjuster(cols)
+    adj.restore({c: m.snapshot() for c, m in old.items()})
+    groups, load, y = window(rng, 80.0)
+    ratios, expected = adj.adjust(groups, load, np.column_stack([y[:, 0], 100.0 + y[:, 0]]))
+    assert np.isfinite(ratios[:, 0]).all()
+    assert np.isnan(expected[:, 1]).all()
+
+
+def test_a_group_always_flat_out_is_not_saturated_by_its_load() -> None:
+    """Training steps back to back: every window of each device is busy within the
+    floor of full, by design, with no backlog (devices differ by a per cent or two, for
+    good). Its queue, latency and served work are judged as any other stream's; a
+    serving device's saturated windows (most of its windows calm) are not."""
+    rng = np.random.default_rng(5)
+    cols = ("queue_wait_ms", "lat_p99_ms", "device_mfu")
+    adj = LoadAdjuster(cols, min_support=5.0)
+    n = 8
+    own = 0.97 + 0.01 * rng.standard_normal(n)  # each training device's busy fraction
+
+    def wave(group: int, rho: np.ndarray):
+        batch = 16.0 * np.exp(0.01 * rng.standard_normal(n))
+        r = np.clip(rho + 0.002 * rng.standard_normal(n), 0.0, 1.0)
+        vals = np.column_stack([np.full(n, 0.15), 800.0 * np.exp(0.01 * rng.standard_normal(n)),
+                                np.full(n, 0.45)])  # fmt: skip
+        rows = group * n + np.arange(n)
+        return np.full(n, group, dtype=np.int64), np.column_stack([batch, batch, r]), vals, rows
+
+    for _ in range(200):
+        adj.adjust(*wave(0, own))  # training
+        adj.adjust(*wave(1, np.full(n, rng.uniform(0.6, 0.9))))  # serving, calm
+    training, _ = adj.adjust(*wave(0, own))
+    serving, _ = adj.adjust(*wave(1, np.full(n, 0.98)))
+    assert np.isfinite(training).all()
+    assert np.isnan(serving).all()
+    adj.forget_streams(np.arange(n, 2 * n))  # their rows go to new devices: no history
+    fresh, _ = adj.adjust(*wave(1, np.full(n, 0.98)))
+    assert np.isfinite(fresh[:, 1:]).all()  # the queue's: a utilisation its model never saw

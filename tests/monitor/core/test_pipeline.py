@@ -463,9 +463,7 @@ def _held(p: Pipeline, pool: str, model: str, layer: str) -> dict[int, set[str]]
         adj = state.adjusters["layer"]
         assert gids
         assert adj is not None
-        frozen = adj._model._frozen[adj._ids(np.array(gids))]
-        slots = [adj.columns[c] for c in adj._cols.tolist()]
-        held[part] = {m for j, m in enumerate(slots) if frozen[:, j].all()}
+        held[part] = adj.held(np.array(gids))
     return held
 
 
@@ -583,3 +581,40 @@ def test_a_stream_back_from_a_burst_is_no_regression_unless_a_change_landed() ->
                    topic="flopwatch.changes")])  # fmt: skip
     [back] = points(0.56, 1.07, calm, T0 + 2300.0)
     assert (back.metric, back.after) == ("stall_frac", 1.07)
+
+
+def test_a_shift_seen_only_after_a_gap_is_dated_by_a_change_that_landed_in_it() -> None:
+    """A queue's wait found shifted after windows it was not seen in (withheld while its
+    devices were saturated) began anywhere in the gap: a change that acts on its stage
+    and landed in the gap dates it. Without such a change the onset stays the last window
+    seen before the gap; a change of a kind that cannot act on the queue dates nothing."""
+    ingress = {"req_rate": 50.0, "queue_depth": 2, "queue_wait_ms": 100.0, "batch": 64}
+    col = STREAM_KINDS[1].columns.index("queue_wait_ms")
+    kind = next(k for k in STREAM_KINDS if not k.aggregate and k.columns[col] == "queue_wait_ms")
+    onset, seen = T0 + 1000.0, T0 + 1400.0  # the last window before the gap; the first after
+
+    def dated(changes: list[tuple[str, float]]) -> float:
+        p = Pipeline(Settings())
+        p.process([msg(window(f"h0/gpu{i}", T0 + 10.0 * w, pool="serve", ingress=ingress))
+                   for w in range(3) for i in range(2)])  # fmt: skip
+        for n, (what, ts) in enumerate(changes):
+            p.process([msg({"v": 1, "ts": ts, "id": f"chg-{n}", "kind": what,
+                            "scope": {"pool": "serve"}, "from": "a", "to": "b"},
+                           topic="flopwatch.changes")])  # fmt: skip
+        st = p.partitions[0]
+        row = st.table.devices["h0/gpu0"].row
+        a = np.array
+        det = Detections(a([row]), a([col]), a([seen + 30.0]), a([onset]), a([100.0]),
+                         a([350.0]), a([1.5]), first_bad_ts=a([seen]))  # fmt: skip
+        [point] = p._points(st.table, det, det, 0, kind)
+        assert point.metric == "queue_wait_ms"
+        assert point.onset_ts <= point.latest_onset <= point.detected_ts
+        return point.onset_ts
+
+    assert dated([]) == onset
+    assert dated([("traffic_policy", T0 + 1210.0)]) == T0 + 1210.0
+    # the latest of those that could cause it; one before the gap is no date within it
+    assert dated([("traffic_policy", T0 + 900.0), ("traffic_policy", T0 + 1210.0),
+                  ("traffic_policy", T0 + 1300.0)]) == T0 + 1300.0  # fmt: skip
+    assert dated([("traffic_policy", T0 + 900.0)]) == onset
+    assert dated([("firmware", T0 + 1210.0)]) == onset

@@ -33,9 +33,13 @@ def test_pool_aggregate_weights_by_busy_time() -> None:
     assert np.isclose(frame.pool_layer_values[row, mfu], (0.6 * 6 + 0.3 * 2) / 8)
     assert np.allclose(frame.layer_values[:, mfu][[0, 2]], [0.6, 0.3])
     assert frame.pool_layer_ts[row] == T0
-    # Load features ride along per row; missing ingress is NaN, not zero.
-    assert frame.layer_load[0].tolist() == [32.0, 100.0]
-    assert np.isnan(frame.layer_load[2]).all()
+    # Load features ride along per row; missing ingress is NaN, not zero. The third is
+    # the device's busy fraction: its layers' busy seconds over the window.
+    busy_a = sum(layer["busy_s"] for layer in a["layers"]) / a["window_s"]
+    busy_b = sum(layer["busy_s"] for layer in b["layers"]) / b["window_s"]
+    assert frame.layer_load[0].tolist() == [32.0, 100.0, busy_a]
+    assert np.isnan(frame.layer_load[2][:2]).all()
+    assert frame.layer_load[2][2] == busy_b < busy_a
     dev = np.flatnonzero(frame.pool_device_rows == frame.device_group[0])[0]
     assert frame.pool_device_values[dev, DEVICE_METRICS.index("clock_mhz")] == 1755.0
 

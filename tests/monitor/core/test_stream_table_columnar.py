@@ -47,6 +47,7 @@ class WalkTable(StreamTable):
         drows, dts, dwin, dpeak, dflops, draw, dgroup, dload = [], [], [], [], [], [], [], []
         for rec, dev in accepted:
             flops_sum, any_flops = 0.0, False
+            busy_sum, any_busy = 0.0, False
             for layer in rec.layers:
                 row = self.layer_index.get((dev.row, layer.type))
                 if row is None:
@@ -57,6 +58,9 @@ class WalkTable(StreamTable):
                 if layer.flops is not None and layer.type != "all":
                     flops_sum += layer.flops
                     any_flops = True
+                if layer.busy_s is not None and layer.type != "all":
+                    busy_sum += layer.busy_s
+                    any_busy = True
                 lkernel.append(layer.kernel is not None)
                 if layer.kernel is not None:
                     old = self.last_kernel[row]
@@ -70,10 +74,16 @@ class WalkTable(StreamTable):
             if not any_flops:
                 alls = [la.flops for la in rec.layers if la.type == "all" and la.flops is not None]
                 flops_sum, any_flops = (alls[0], True) if alls else (0.0, False)
+            if not any_busy:
+                alls = [
+                    la.busy_s for la in rec.layers if la.type == "all" and la.busy_s is not None
+                ]
+                busy_sum, any_busy = (alls[0], True) if alls else (0.0, False)
+            busy = min(busy_sum / rec.window_s, 1.0) if any_busy else None
             ing, stt, slo = rec.ingress, rec.device_stats, rec.slo
             coarse = bool(rec.layers) and all(la.type == "all" for la in rec.layers)
             dgroup.append(self._group_id(dev, COARSE_DEVICE_GROUP if coarse else ""))
-            dload.append((ing.batch, ing.req_rate) if ing else (None, None))
+            dload.append((ing.batch, ing.req_rate, busy) if ing else (None, None, busy))
             drows.append(dev.row)
             dts.append(rec.ts)
             dwin.append(rec.window_s)
@@ -101,7 +111,7 @@ class WalkTable(StreamTable):
             lpeak=floats(lpeak), lgroup=ints(lgroup), lrec=ints(lrec), kchanges=kchanges,
             drows=ints(drows), dts=floats(dts), dwin=floats(dwin), dpeak=floats(dpeak),
             dflops=floats(dflops), draw=floats(draw, 12), dgroup=ints(dgroup),
-            dload=floats(dload, 2), lkernel=np.array(lkernel, dtype=bool),
+            dload=floats(dload, 3), lkernel=np.array(lkernel, dtype=bool),
         )  # fmt: skip
 
 
