@@ -182,7 +182,7 @@ class Advisor:
 
     def landed_on(self, p: ChangePoint, start: float, end: float) -> bool:
         """Whether a change that could have caused `p` (`_acts_on`) landed in (start, end]."""
-        return any(_acts_on(c, p) for c in self._between(start, end))
+        return self.last_landed_on(p, start, end) is not None
 
     def last_landed_on(self, p: ChangePoint, start: float, end: float) -> float | None:
         """When the latest change that could have caused `p` landed in (start, end]."""
