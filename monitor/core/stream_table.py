@@ -900,26 +900,27 @@ _FLOPS = LAYER_INPUTS.index("flops")
 
 def utilisation(busy_s: F64, window_s: F64) -> F64:
     """Busy fraction of each window: device busy seconds over its length, at most 1
-    (layers that overlap, a collective beside compute, count once); NaN: not measured."""
+    (layers that overlap, a collective beside compute, can sum past it); NaN: not
+    measured."""
     with np.errstate(invalid="ignore", divide="ignore"):
         out: F64 = np.minimum(busy_s / window_s, 1.0)
     return out
 
 
-def _device_sum(flops: F64, is_all: Bools, lrec: I64, m: int) -> F64:
+def _device_sum(values: F64, is_all: Bools, lrec: I64, m: int) -> F64:
     """Per record: the sum of its layers' values (flops, busy seconds), or where none has
-    any, its "all" layer's
-    (an exporter that knows only device counters sends one layer "all"); NaN: neither.
+    any, its "all" layer's (an exporter that knows only device counters sends one layer
+    "all"); NaN: neither.
 
     `bincount` adds each record's terms one by one in layer order, from 0.0, as a walk
     over the layers would, so the sums are bit for bit the same.
     """
-    part = ~is_all & ~np.isnan(flops)
-    total = np.bincount(lrec, weights=np.where(part, flops, 0.0), minlength=m)
+    part = ~is_all & ~np.isnan(values)
+    total = np.bincount(lrec, weights=np.where(part, values, 0.0), minlength=m)
     summed = np.bincount(lrec, weights=part, minlength=m) > 0
     whole = np.full(m, np.nan)
-    alls = is_all & ~np.isnan(flops)
-    whole[lrec[alls]] = flops[alls]  # types are unique per record: one "all" at most
+    alls = is_all & ~np.isnan(values)
+    whole[lrec[alls]] = values[alls]  # types are unique per record: one "all" at most
     out: F64 = np.where(summed, total, whole)
     return out
 
