@@ -869,12 +869,45 @@ class Correlator:
             self.recent.append(e)
             return []
         if not e.is_regression:
-            return []  # a step back: the lifecycle's business (`AlertLifecycle.note_steps`)
+            # A step back: on a paged incident the lifecycle's business (a fix showing,
+            # `AlertLifecycle.note_steps`); on one not sent yet, a move that is over.
+            self._step_back(e)
+            return []
         homes = [i for i in self.incidents if i.status == "open" and self._fits(i, e)]
         for inc in homes:
             inc.evidence.append(e)
         self.recent.append(e)
         return homes
+
+    def _step_back(self, e: ChangePoint) -> None:
+        """Drop from incidents not sent yet the moves that `e` undoes: its stream's
+        regressions, where `e` takes it more than half way back to the level before the
+        first of them. A transient (one device's collective waits spiking for a minute) is
+        over, not the start of whatever comes next: an incident left with nothing closes,
+        so the next move opens its own and is dated by itself."""
+        if e.is_aggregate or not is_primary(e.metric, e.layer):
+            return
+        emptied: set[int] = set()
+        for inc in self.incidents:
+            if inc.status != "open" or inc.alert_id is not None or inc.parent is not None:
+                continue
+            if inc.pool != e.pool or inc.model != e.model:
+                continue
+            mine = [
+                q for q in inc.points
+                if (q.device, q.metric, q.layer) == (e.device, e.metric, e.layer)
+            ]  # fmt: skip
+            if not mine or max(q.onset_ts for q in mine) >= e.onset_ts:
+                continue
+            level = min(mine, key=lambda q: q.onset_ts).before
+            if abs(e.after - level) > 0.5 * abs(e.before - level):
+                continue
+            gone = {id(q) for q in mine}
+            inc.points = [q for q in inc.points if id(q) not in gone]
+            if not inc.points:
+                emptied.add(id(inc))
+        if emptied:
+            self.incidents = [i for i in self.incidents if id(i) not in emptied]
 
     def _fits(self, inc: Incident, p: ChangePoint) -> bool:
         return (

@@ -823,3 +823,28 @@ def test_a_hosts_link_is_sure_on_min_devices_waiting_with_less_work_on_one() -> 
     assert sure(waits) is None
     drifted = [wait("h0/gpu1", T0 - 20 * W, T0 + 4 * W), *waits[1:]]
     assert sure([*drifted, less]) is None
+
+
+def test_a_spike_that_stepped_back_before_it_was_sent_does_not_date_what_comes_next() -> None:
+    """One device's collective waits spike for two minutes and fall back; a minute later
+    its host's fault raises every device's waits. The spike's incident, never sent, closes
+    when the spike steps back, so the fault opens its own, dated by itself. A step back
+    that undoes less than half the move leaves the move in its incident."""
+    devs = [f"h0/gpu{i}" for i in range(8)]
+
+    def sync(d: str, before: float, after: float, onset: float) -> ChangePoint:
+        return dataclasses.replace(_pt(d, "sync_frac", before, after, onset), layer="allreduce")
+
+    corr = Correlator()
+    corr.add([sync(devs[4], 0.03, 0.25, T0)], T0 + 2 * W, {(POOL, MODEL): 8})
+    assert len(corr.incidents) == 1
+    corr.add([sync(devs[4], 0.25, 0.18, T0 + 5 * W)], T0 + 7 * W)  # part way back: still on
+    assert len(corr.incidents) == 1
+    assert len(corr.incidents[0].points) == 1
+    corr.add([sync(devs[4], 0.18, 0.03, T0 + 12 * W)], T0 + 14 * W)
+    assert corr.incidents == []
+    fault = T0 + 20 * W
+    corr.add([sync(d, 0.03, 0.9, fault) for d in devs], fault + 2 * W, {(POOL, MODEL): 8})
+    (inc,) = corr.incidents
+    assert inc.onset_ts == fault
+    assert inc.devices == set(devs)
