@@ -76,10 +76,8 @@ FEATURE_FLOORS = (0.0, math.log1p(SAME_LOAD), 0.0)
 QUEUE_FEATURE_FLOORS = (*FEATURE_FLOORS, 0.0)
 
 
-# The checkpoint keys of the streams' saturation state (column keys are >= 0): windows,
-# calm windows and ceiling; each stream's last busy fraction.
+# The checkpoint key of the streams' saturation state (column keys are >= 0).
 CALM_KEY = -1
-LAST_BUSY_KEY = -2
 # Whether a stream's load sets its utilisation (a serving engine) or it runs flat out by
 # design (training) is its workload's, not the hour's: judged over the load's own cycle,
 # a day of the contract's 10 s windows, so that hours of bursts do not turn a serving
@@ -239,9 +237,8 @@ class LoadAdjuster:
         self._forget = float(forget)
         # Per stream (`adjust`'s rows): windows with a busy fraction and those of them
         # below its saturation ceiling (exponentially weighted over `CALM_MEMORY` calls),
-        # the ceiling, and the last busy fraction (`_saturated`). Checkpointed under
-        # `CALM_KEY` and `LAST_BUSY_KEY`.
-        self._calm = np.zeros((4, 16))
+        # and the ceiling (`_saturated`). Checkpointed under `CALM_KEY`.
+        self._calm = np.zeros((3, 16))
 
         def pick(want: frozenset[str], but: frozenset[str] = frozenset()) -> I64:
             return np.array(
@@ -315,27 +312,22 @@ class LoadAdjuster:
         call, as the models do).
 
         The ceiling is the highest busy fraction the stream (a device, a pool's aggregate)
-        has held over two windows in a row, where that is near a whole window
-        (`SATURATED`): the pinned utilisation of an engine that cannot take more, whose
-        backlog carries it into the next window; one window's glitch of the gauge does not
-        raise it for good (that window is taken as at its own ceiling). A row within the
-        busy fraction's resolution (`BUSY_RESOLUTION`) of it is at it. A stream whose
-        windows are mostly at it runs flat out by design (training steps back to back): it
-        has no backlog, and its queue, service and served work are judged as any other's.
+        has shown, where that is near a whole window (`SATURATED`): the pinned utilisation
+        of an engine that cannot take more. A row within the busy fraction's resolution
+        (`BUSY_RESOLUTION`) of it is at it. A stream whose windows are mostly at it runs
+        flat out by design (training steps back to back): it has no backlog, and its
+        queue, service and served work are judged as any other's.
         """
         measured = np.isfinite(util)
         if not measured.any():
             return np.zeros(util.size, dtype=bool)
         top = int(streams.max()) + 1
         self._reserve_calm(top)
-        g, u = streams[measured], util[measured]  # a wave's rows are distinct streams
-        np.maximum.at(self._calm[2], g, np.minimum(u, self._calm[3, g]))
-        self._calm[3, g] = u
+        g, u = streams[measured], util[measured]
+        np.maximum.at(self._calm[2], g, u)
         ceiling = self._calm[2, streams]
-        u_all = np.nan_to_num(util)
-        # A window above the ceiling is at its own (withheld) without raising it.
-        full = measured & (np.maximum(ceiling, u_all) >= SATURATED)
-        full &= u_all >= ceiling - BUSY_RESOLUTION
+        at_top = np.nan_to_num(util) >= ceiling - BUSY_RESOLUTION
+        full = measured & (ceiling >= SATURATED) & at_top
         rows, calm = self._calm[0, streams], self._calm[1, streams]
         out: Bools = full & (2.0 * calm > rows)  # most of its windows below it
         n = np.bincount(g, minlength=top)
@@ -347,7 +339,7 @@ class LoadAdjuster:
     def _reserve_calm(self, n_streams: int) -> None:
         have = self._calm.shape[1]
         if n_streams > have:
-            grown = np.zeros((4, max(n_streams, 2 * have)))
+            grown = np.zeros((3, max(n_streams, 2 * have)))
             grown[:, :have] = self._calm
             self._calm = grown
 
@@ -399,27 +391,22 @@ class LoadAdjuster:
 
     def snapshot(self) -> dict[int, bytes]:
         """Each column's models as a `LoadModel` of its own (the checkpoint format), and
-        the streams' saturation state under `CALM_KEY` and `LAST_BUSY_KEY`."""
+        the groups' calm shares under `CALM_KEY`."""
         out: dict[int, bytes] = {}
         for part in self._parts:
             out.update(part.snapshot())
         out = dict(sorted(out.items()))
         if self._saturates:
-            out[CALM_KEY] = self._calm[:3].astype("<f8").tobytes()  # (3, streams), row-major
-            out[LAST_BUSY_KEY] = self._calm[3].astype("<f8").tobytes()
+            out[CALM_KEY] = self._calm.astype("<f8").tobytes()  # (3, streams), row-major
         return out
 
     def restore(self, blobs: dict[int, bytes]) -> None:
         """Load column models saved by `snapshot` (by this class or its per-column form);
-        without saturation state (an older checkpoint) every stream's is learnt afresh."""
+        without calm shares (an older checkpoint) every group's is learnt afresh."""
         for part in self._parts:
             part.restore(blobs)
-        calm, last = blobs.get(CALM_KEY), blobs.get(LAST_BUSY_KEY)
+        calm = blobs.get(CALM_KEY)
         if calm is None:
-            self._calm = np.zeros((4, 16))
-            return
-        counts = np.frombuffer(calm, "<f8").reshape(3, -1)
-        self._calm = np.zeros((4, counts.shape[1]))
-        self._calm[:3] = counts
-        if last is not None and len(last) == 8 * counts.shape[1]:
-            self._calm[3] = np.frombuffer(last, "<f8")
+            self._calm = np.zeros((3, 16))
+        else:
+            self._calm = np.frombuffer(calm, "<f8").reshape(3, -1).copy()
