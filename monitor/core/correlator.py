@@ -889,7 +889,9 @@ class Correlator:
             return
         emptied: set[int] = set()
         for inc in self.incidents:
-            if inc.status != "open" or inc.alert_id is not None or inc.parent is not None:
+            if inc.status != "open" or inc.alert_id is not None:
+                continue
+            if inc.parent is not None or inc.children:  # a fleet link: judged as one
                 continue
             if inc.pool != e.pool or inc.model != e.model:
                 continue
