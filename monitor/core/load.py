@@ -76,8 +76,11 @@ FEATURE_FLOORS = (0.0, math.log1p(SAME_LOAD), 0.0)
 QUEUE_FEATURE_FLOORS = (*FEATURE_FLOORS, 0.0)
 
 
-# The checkpoint key of the streams' saturation state (column keys are >= 0).
+# The checkpoint keys of the streams' saturation state (column keys are >= 0): the counts
+# and ceilings, and the windows short of a whole window (`SHORT_KEY`, added later: a
+# checkpoint without it restores each stream's calm count in its place).
 CALM_KEY = -1
+SHORT_KEY = -2
 # Whether a stream's load sets its utilisation (a serving engine) or it runs flat out by
 # design (training) is its workload's, not the hour's: judged over the load's own cycle,
 # a day of the contract's 10 s windows, so that hours of bursts do not turn a serving
@@ -235,10 +238,11 @@ class LoadAdjuster:
             [i for i, m in enumerate(columns) if m in LOAD_GATED], dtype=np.int64
         )
         self._forget = float(forget)
-        # Per stream (`adjust`'s rows): windows with a busy fraction and those of them
-        # below its saturation ceiling (exponentially weighted over `CALM_MEMORY` calls),
-        # and the ceiling (`_saturated`). Checkpointed under `CALM_KEY`.
-        self._calm = np.zeros((3, 16))
+        # Per stream (`adjust`'s rows): windows with a busy fraction, those of them below
+        # its saturation ceiling (exponentially weighted over `CALM_MEMORY` calls), the
+        # ceiling, and the windows short of a whole window (`SATURATED`), weighted as the
+        # counts (`_saturated`). Checkpointed under `CALM_KEY` and `SHORT_KEY`.
+        self._calm = np.zeros((4, 16))
 
         def pick(want: frozenset[str], but: frozenset[str] = frozenset()) -> I64:
             return np.array(
@@ -314,9 +318,16 @@ class LoadAdjuster:
         The ceiling is the highest busy fraction the stream (a device, a pool's aggregate)
         has shown, where that is near a whole window (`SATURATED`): the pinned utilisation
         of an engine that cannot take more. A row within the busy fraction's resolution
-        (`BUSY_RESOLUTION`) of it is at it. A stream whose windows are mostly at it runs
-        flat out by design (training steps back to back): it has no backlog, and its
-        queue, service and served work are judged as any other's.
+        (`BUSY_RESOLUTION`) of it is at it. A stream runs flat out by design (training
+        steps back to back) when its windows are mostly at it, or when it is hardly ever
+        short of a whole window (`SATURATED`): no more often than the reporting floor's
+        share of its windows (`DEFAULT_MIN_REL_CHANGE`), as a checkpoint or a restart
+        leaves it. It has no backlog, and its queue, service and served work are judged
+        as any other's. The second test is for a training device whose step's length
+        wanders by a few per cent, more than the gauge's resolution: most of its windows
+        sit below its highest one, though none is short of a whole window. A serving
+        pool's load sets its utilisation: its calm windows are short of a whole window,
+        however hot it runs in bursts.
         """
         measured = np.isfinite(util)
         if not measured.any():
@@ -328,18 +339,24 @@ class LoadAdjuster:
         ceiling = self._calm[2, streams]
         at_top = np.nan_to_num(util) >= ceiling - BUSY_RESOLUTION
         full = measured & (ceiling >= SATURATED) & at_top
-        rows, calm = self._calm[0, streams], self._calm[1, streams]
-        out: Bools = full & (2.0 * calm > rows)  # most of its windows below it
+        rows, calm, short = self._calm[0, streams], self._calm[1, streams], self._calm[3, streams]
+        # Most of its windows below it, and short of a whole window more than by accident.
+        out: Bools = full & (2.0 * calm > rows) & (short > DEFAULT_MIN_REL_CHANGE * rows)
         n = np.bincount(g, minlength=top)
         seen = np.flatnonzero(n)
-        added = np.stack([n[seen], np.bincount(g, weights=~full[measured], minlength=top)[seen]])
-        self._calm[:2, seen] = (1.0 - 1.0 / CALM_MEMORY) * self._calm[:2, seen] + added
+        added = np.stack([
+            n[seen],
+            np.bincount(g, weights=~full[measured], minlength=top)[seen],
+            np.bincount(g, weights=u < SATURATED, minlength=top)[seen],
+        ])  # fmt: skip
+        at = np.ix_([0, 1, 3], seen)
+        self._calm[at] = (1.0 - 1.0 / CALM_MEMORY) * self._calm[at] + added
         return out
 
     def _reserve_calm(self, n_streams: int) -> None:
         have = self._calm.shape[1]
         if n_streams > have:
-            grown = np.zeros((3, max(n_streams, 2 * have)))
+            grown = np.zeros((4, max(n_streams, 2 * have)))
             grown[:, :have] = self._calm
             self._calm = grown
 
@@ -391,13 +408,14 @@ class LoadAdjuster:
 
     def snapshot(self) -> dict[int, bytes]:
         """Each column's models as a `LoadModel` of its own (the checkpoint format), and
-        the groups' calm shares under `CALM_KEY`."""
+        the streams' saturation state under `CALM_KEY` and `SHORT_KEY`."""
         out: dict[int, bytes] = {}
         for part in self._parts:
             out.update(part.snapshot())
         out = dict(sorted(out.items()))
         if self._saturates:
-            out[CALM_KEY] = self._calm.astype("<f8").tobytes()  # (3, streams), row-major
+            out[CALM_KEY] = self._calm[:3].astype("<f8").tobytes()  # (3, streams), row-major
+            out[SHORT_KEY] = self._calm[3].astype("<f8").tobytes()
         return out
 
     def restore(self, blobs: dict[int, bytes]) -> None:
@@ -407,6 +425,11 @@ class LoadAdjuster:
             part.restore(blobs)
         calm = blobs.get(CALM_KEY)
         if calm is None:
-            self._calm = np.zeros((3, 16))
-        else:
-            self._calm = np.frombuffer(calm, "<f8").reshape(3, -1).copy()
+            self._calm = np.zeros((4, 16))
+            return
+        counts = np.frombuffer(calm, "<f8").reshape(3, -1)
+        short = blobs.get(SHORT_KEY)
+        # An older checkpoint: a stream's calm windows stand in for those short of full
+        # (never fewer), so a stream withheld before is withheld until it shows otherwise.
+        row = counts[1] if short is None else np.frombuffer(short, "<f8")
+        self._calm = np.vstack([counts, row])

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.core.load import CALM_KEY, FEATURE_FLOORS, LoadAdjuster, back_to_expected
+from monitor.core.load import CALM_KEY, FEATURE_FLOORS, SHORT_KEY, LoadAdjuster, back_to_expected
 from monitor.core.load_model import LoadModel
 
 
@@ -243,7 +243,7 @@ def test_adjuster_checkpoints_are_per_column_models_both_ways() -> None:
             adj.hold(np.array([3, 7]), hold=True)
     blobs = adj.snapshot()
     assert sorted(blobs) == [0, 1, 3, 4]  # no queue columns: no saturation state
-    ref = {c: LoadModel.restore(b) for c, b in blobs.items() if c != CALM_KEY}
+    ref = {c: LoadModel.restore(b) for c, b in blobs.items() if c not in (CALM_KEY, SHORT_KEY)}
     again = LoadAdjuster(COLUMNS, 0.99, 5.0)
     again.restore(blobs)
     for t in range(120, 240):
@@ -436,3 +436,54 @@ def test_a_group_always_flat_out_is_not_saturated_by_its_load() -> None:
     adj.forget_streams(np.arange(n, 2 * n))  # their rows go to new devices: no history
     fresh, _ = adj.adjust(*wave(1, np.full(n, 0.98)))
     assert np.isfinite(fresh[:, 1:]).all()  # the queue's: a utilisation its model never saw
+
+
+def _training_wave(rng: np.random.Generator, n: int, lo: float, hi: float):
+    """A group's wave: busy i.i.d. in [lo, hi], queue, step time and MFU steady."""
+    batch = 16.0 * np.exp(0.01 * rng.standard_normal(n))
+    r = rng.uniform(lo, hi, n)
+    vals = np.column_stack([np.full(n, 0.15), 800.0 * np.exp(0.01 * rng.standard_normal(n)),
+                            np.full(n, 0.45)])  # fmt: skip
+    return np.zeros(n, dtype=np.int64), np.column_stack([batch, batch, r]), vals, np.arange(n)
+
+
+def test_a_device_whose_busy_fraction_wanders_near_full_runs_flat_out() -> None:
+    """A training device busy 0.955-0.985 of every window (its step's length wanders by
+    a few per cent): most windows sit more than the gauge's per cent below its highest,
+    yet none is short of a whole window, so nothing of it is withheld as saturated."""
+    rng = np.random.default_rng(4)
+    adj = LoadAdjuster(("queue_wait_ms", "lat_p99_ms", "device_mfu"), min_support=5.0)
+    for _ in range(200):
+        adj.adjust(*_training_wave(rng, 8, 0.955, 0.985))
+    withheld = adj.extrapolated
+    for _ in range(20):
+        ratios, _ = adj.adjust(*_training_wave(rng, 8, 0.955, 0.985))
+        assert np.isfinite(ratios[:, 1:]).all()
+    assert adj.extrapolated == withheld
+
+
+def test_a_hot_serving_pool_is_still_saturated_at_its_cap() -> None:
+    """A serving pool pinned at its engine's cap (0.98) in 40 % of its windows, calm at
+    0.85-0.94 in the rest: it is short of a whole window far more often than a checkpoint
+    leaves a training job, so its windows at the cap stay withheld; and a checkpoint
+    from before the short-of-full counts (no `SHORT_KEY`) keeps withholding them."""
+    rng = np.random.default_rng(6)
+    cols = ("queue_wait_ms", "lat_p99_ms", "device_mfu")
+    adj = LoadAdjuster(cols, min_support=5.0)
+
+    def wave(rho: float):
+        return _training_wave(rng, 8, rho, rho)
+
+    for t in range(300):
+        adj.adjust(*wave(0.98 if t % 5 < 2 else rng.uniform(0.85, 0.94)))
+    pinned, _ = adj.adjust(*wave(0.98))
+    assert np.isnan(pinned).all()
+    calm, _ = adj.adjust(*wave(0.9))
+    assert np.isfinite(calm).all()
+    blobs = adj.snapshot()
+    assert {CALM_KEY, SHORT_KEY} <= set(blobs)
+    for old in (blobs, {k: b for k, b in blobs.items() if k != SHORT_KEY}):
+        again = LoadAdjuster(cols, min_support=5.0)
+        again.restore(old)
+        restored, _ = again.adjust(*wave(0.98))
+        assert np.isnan(restored).all()
