@@ -365,6 +365,11 @@ class Incident:
         device must not decide where a pool-wide incident started. The primary
         metric supports it whatever its share: it is what the incident is about (fixed
         at its first page, it can be a minority of devices the incident grew to).
+        The incident's own points count however early they began:
+        they are what it is made of, not evidence found beside it. Its onset is their
+        median, so it comes later as later devices join, and a queue that opened it a
+        minute before the latency that heads it would otherwise stop counting as the
+        incident grew.
         """
         devices = self.devices
         onset = self.onset_ts
@@ -381,12 +386,15 @@ class Incident:
             p.device for p in everything
             if p.metric == "clock_mhz" and p.device in members and lo <= p.onset_ts <= hi
         }  # fmt: skip
+        own = {id(p) for p in self.points}
         groups: dict[tuple[Stage, str, str | None], list[ChangePoint]] = {}
         for p in everything:
             if p.device not in members or p.onset_ts > hi:
                 continue
-            if lo <= p.onset_ts or (
-                p.metric in HEAT and p.device in throttled and heat_lo <= p.onset_ts
+            if (
+                lo <= p.onset_ts
+                or id(p) in own
+                or (p.metric in HEAT and p.device in throttled and heat_lo <= p.onset_ts)
             ):
                 groups.setdefault((p.stage, p.metric, p.layer), []).append(p)
         primary = self.primary_metric

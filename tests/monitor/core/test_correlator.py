@@ -486,6 +486,27 @@ def test_a_mechanism_that_began_well_after_an_overloads_queue_does_not_explain_i
     assert _render(soon).bottleneck != "overload"
 
 
+def test_the_queue_that_opened_an_overload_still_counts_once_later_devices_date_it_later() -> None:
+    """A burst's queue grows on 3 devices first, then p99 rises on 7 others over the next
+    minutes: the onset (the median of p99's first wave) comes later with each device
+    that joins, past `LEAD_WINDOWS` after the first waits. The waits are the incident's
+    own points, so they still count, and it stays an overload `info` record rather than
+    an unclassified ticket on p99 alone (long healthy fleet, seed 9)."""
+    waits = [_pt(f"q{i}/gpu0", "queue_wait_ms", 3.0, 6.0, T0 + k * W)
+             for i, k in enumerate((0, 12, 22))]  # fmt: skip
+    p99 = [_pt(f"h{i}/gpu0", "lat_p99_ms", 20.0, 45.0, T0 + k * W)
+           for i, k in enumerate((10, 13, 15, 24, 26, 26, 28))]  # fmt: skip
+    corr = Correlator()
+    corr.add(waits + p99, T0 + 30 * W, {(POOL, MODEL): 64})
+    (inc,) = corr.incidents
+    inc.metric = "lat_p99_ms"  # its headline since its first record
+    assert inc.onset_ts - LEAD_WINDOWS * W > T0 + 12 * W  # the first two waits lie before
+    assert ("ingress", "queue_wait_ms", None) in inc.supporting()
+    alert = _render(inc, n_pool=64)
+    assert alert.bottleneck == "overload"
+    assert alert.severity == "info"
+
+
 def test_the_primary_metric_supports_its_incident_on_however_few_devices() -> None:
     """An incident is about its primary metric, fixed at its first page, even once other
     indicators moved on more of the devices it grew to: its stage counts among the
