@@ -365,11 +365,12 @@ class Incident:
         device must not decide where a pool-wide incident started. The primary
         metric supports it whatever its share: it is what the incident is about (fixed
         at its first page, it can be a minority of devices the incident grew to).
-        The incident's own points count however early they began:
-        they are what it is made of, not evidence found beside it. Its onset is their
-        median, so it comes later as later devices join, and a queue that opened it a
-        minute before the latency that heads it would otherwise stop counting as the
-        incident grew.
+        The incident's own points count from its anchor (its first point's onset) on,
+        however long before its onset: they are what it is made of, not evidence found
+        beside it. Its onset is their median, so it comes later as later devices join,
+        and a queue that opened it a minute before the latency that heads it would
+        otherwise stop counting as the incident grew. Points dated before the anchor
+        joined later and did not open it: as evidence, they must lead by little.
         """
         devices = self.devices
         onset = self.onset_ts
@@ -393,7 +394,7 @@ class Incident:
                 continue
             if (
                 lo <= p.onset_ts
-                or id(p) in own
+                or (id(p) in own and p.onset_ts >= self.anchor_ts)
                 or (p.metric in HEAT and p.device in throttled and heat_lo <= p.onset_ts)
             ):
                 groups.setdefault((p.stage, p.metric, p.layer), []).append(p)

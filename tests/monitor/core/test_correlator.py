@@ -505,6 +505,10 @@ def test_the_queue_that_opened_an_overload_still_counts_once_later_devices_date_
     alert = _render(inc, n_pool=64)
     assert alert.bottleneck == "overload"
     assert alert.severity == "info"
+    # Failures dated before its first point, that joined it later, did not open it: as
+    # evidence beside it they lead its onset by too much (`fallback_in_overload` 10).
+    inc.points += [_pt(f"h{i}/gpu0", "error_rate", 0.0, 0.3, T0 - 20 * W) for i in range(4)]
+    assert not any(k[1] == "error_rate" for k in inc.supporting())
 
 
 def test_the_primary_metric_supports_its_incident_on_however_few_devices() -> None:
