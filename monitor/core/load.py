@@ -349,7 +349,7 @@ class LoadAdjuster:
             np.bincount(g, weights=~full[measured], minlength=top)[seen],
             np.bincount(g, weights=u < SATURATED, minlength=top)[seen],
         ])  # fmt: skip
-        at = np.ix_([0, 1, 3], seen)
+        at = np.ix_(np.array([0, 1, 3]), seen)
         self._calm[at] = (1.0 - 1.0 / CALM_MEMORY) * self._calm[at] + added
         return out
 
