@@ -438,7 +438,7 @@ def test_a_group_always_flat_out_is_not_saturated_by_its_load() -> None:
     assert np.isfinite(fresh[:, 1:]).all()  # the queue's: a utilisation its model never saw
 
 
-def _training_wave(rng: np.random.Generator, n: int, lo: float, hi: float):
+def _steady_wave(rng: np.random.Generator, n: int, lo: float, hi: float):
     """A group's wave: busy i.i.d. in [lo, hi], queue, step time and MFU steady."""
     batch = 16.0 * np.exp(0.01 * rng.standard_normal(n))
     r = rng.uniform(lo, hi, n)
@@ -454,10 +454,10 @@ def test_a_device_whose_busy_fraction_wanders_near_full_runs_flat_out() -> None:
     rng = np.random.default_rng(4)
     adj = LoadAdjuster(("queue_wait_ms", "lat_p99_ms", "device_mfu"), min_support=5.0)
     for _ in range(200):
-        adj.adjust(*_training_wave(rng, 8, 0.955, 0.985))
+        adj.adjust(*_steady_wave(rng, 8, 0.955, 0.985))
     withheld = adj.extrapolated
     for _ in range(20):
-        ratios, _ = adj.adjust(*_training_wave(rng, 8, 0.955, 0.985))
+        ratios, _ = adj.adjust(*_steady_wave(rng, 8, 0.955, 0.985))
         assert np.isfinite(ratios[:, 1:]).all()
     assert adj.extrapolated == withheld
 
@@ -472,7 +472,7 @@ def test_a_hot_serving_pool_is_still_saturated_at_its_cap() -> None:
     adj = LoadAdjuster(cols, min_support=5.0)
 
     def wave(rho: float):
-        return _training_wave(rng, 8, rho, rho)
+        return _steady_wave(rng, 8, rho, rho)
 
     for t in range(300):
         adj.adjust(*wave(0.98 if t % 5 < 2 else rng.uniform(0.85, 0.94)))
